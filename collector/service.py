@@ -1,0 +1,193 @@
+"""The collector service: run envs with the newest policy, write chunks, evaluate on request.
+
+One loop thread does all env work (collection and evaluation take turns, so they never fight
+over the core); the reporter thread of the adder and the agent's heartbeat thread only wait on
+the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+
+from collector.adder import StorageAdder
+from collector.rollout import Rollout, evaluate
+from collector.weights import StorageWeightSource
+from shared.envs import env_spec, make_vector_env
+from shared.http import HttpError
+from shared.policies import DQNPolicy, linear_epsilon
+from shared.schemas import (
+    API,
+    CollectPermitRequest,
+    CollectPermitResponse,
+    CollectTask,
+    EvaluateTask,
+    EvaluationReport,
+    Role,
+    TaskAccepted,
+    TaskEnvelope,
+)
+from shared.storage import open_storage
+from shared.worker import WorkerService
+
+log = logging.getLogger("rlfleet.collector")
+
+
+class CollectorService(WorkerService):
+    role = Role.COLLECTOR
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.task: CollectTask | None = None
+        self._evals: queue.Queue[EvaluateTask] = queue.Queue()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._loop: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.env_steps = 0
+        self.policy_version = -1
+        self.policy_loads = 0
+        self.evaluations_run = 0
+        self.chunks_written = 0
+        self.chunks_reported = 0
+        self.error: str | None = None
+        self._t0 = time.monotonic()
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
+        task = envelope.task
+        if isinstance(task, CollectTask):
+            with self._lock:
+                self.task = task
+                if self._loop is None:
+                    self._loop = threading.Thread(target=self._run_guarded, name="collect",
+                                                  daemon=True)
+                    self._loop.start()
+        elif isinstance(task, EvaluateTask):
+            self._evals.put(task)
+        else:
+            return TaskAccepted(task_id=task.task_id, accepted=False)
+        self._wake.set()
+        return TaskAccepted(task_id=task.task_id, accepted=True)
+
+    def _task_id(self) -> str | None:
+        return self.task.task_id if self.task else None
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _run_guarded(self) -> None:
+        try:
+            self._run()
+        except Exception as err:  # reported to the coordinator, then the process is unhealthy
+            log.exception("collector loop crashed")
+            self.error = f"{type(err).__name__}: {err}"
+            if self.task:
+                self.agent.end_task(self.task.task_id, self.error)
+
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        cfg = self.config
+        assert cfg is not None and self.task is not None
+        storage = open_storage(self.storage_url, cfg.name)
+        spec = env_spec(cfg.env)
+        seed = self.task.seed
+        envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
+        policy = DQNPolicy(spec, cfg.algo.hidden_sizes, seed=seed)
+        weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
+        adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
+                             self._task_id, cfg.collector.report_interval_s)
+        rollout = Rollout(envs, policy, cfg.collector.chunk_size)
+        eval_envs = None
+        algo = cfg.algo
+        try:
+            while not self._closing.is_set() and not adder.stop.is_set():
+                while not self._evals.empty():
+                    task = self._evals.get_nowait()
+                    if eval_envs is None or eval_envs.num_envs != task.num_envs:
+                        eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
+                    self._evaluate(task, eval_envs, policy, weights)
+                if adder.throttle.is_set() and not self._wait_for_permit(adder):
+                    continue
+                self._refresh(policy, weights)
+                eps = linear_epsilon(max(adder.global_env_steps, rollout.env_steps),
+                                     algo.eps_start, algo.eps_end, algo.eps_decay_steps)
+                chunk = rollout.collect(eps)
+                adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
+                          chunk.episode_lengths)
+                self.env_steps = rollout.env_steps
+                self.chunks_written = adder.chunks_written
+                self.chunks_reported = adder.chunks_reported
+        finally:
+            adder.close()
+            self.chunks_reported = adder.chunks_reported
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+            storage.close()
+
+    def _refresh(self, policy: DQNPolicy, weights: StorageWeightSource,
+                 force: bool = False) -> None:
+        got = weights.poll(policy.version, force=force)
+        if got is not None:
+            policy.load(*got)
+            self.policy_version = policy.version
+            self.policy_loads += 1
+
+    def _wait_for_permit(self, adder: StorageAdder) -> bool:
+        """The coordinator said the learner is behind: wait (blocking on its side) until
+        collecting may go on. Returns False to let the loop look at evals and closing."""
+        try:
+            resp = self.agent.client.post(
+                f"{API}/permits/collect",
+                CollectPermitRequest(worker_id=self.agent.worker_id, wait_s=1.0),
+                CollectPermitResponse, timeout_s=15)
+        except HttpError as err:
+            log.warning("permit request failed: %s", err)
+            self._closing.wait(0.5)
+            return False
+        if resp.stop:
+            adder.stop.set()
+        if resp.granted:
+            adder.throttle.clear()
+        return resp.granted
+
+    def _evaluate(self, task: EvaluateTask, envs, policy: DQNPolicy,
+                  weights: StorageWeightSource) -> None:
+        if policy.version < task.policy_version:
+            self._refresh(policy, weights, force=True)
+        returns, lengths = evaluate(envs, policy, task.episodes, task.seed)
+        self.evaluations_run += 1
+        try:
+            self.agent.client.post(f"{API}/evaluations", EvaluationReport(
+                worker_id=self.agent.worker_id, task_id=task.task_id,
+                policy_version=policy.version, returns=returns, lengths=lengths))
+        except HttpError as err:
+            log.warning("could not report evaluation %s: %s", task.task_id, err)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def heartbeat_status(self) -> dict[str, float]:
+        return {"env_steps": float(self.env_steps), "policy_version": float(self.policy_version)}
+
+    def status(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        return {"task_id": self._task_id(), "env_steps": self.env_steps,
+                "env_steps_per_s": round(self.env_steps / elapsed, 1),
+                "policy_version": self.policy_version, "policy_loads": self.policy_loads,
+                "chunks_written": self.chunks_written, "chunks_reported": self.chunks_reported,
+                "evaluations": self.evaluations_run, "error": self.error}
+
+    def on_run_stopped(self) -> None:
+        self._closing.set()
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._loop is not None:
+            self._loop.join(timeout=15)
+        super().close()

@@ -1,0 +1,439 @@
+"""The coordinator: membership, tasks, the replay buffer, the replay ratio and the run's state.
+
+Routes (`coordinator/routes.py`) are thin: they validate a body and call one method here.
+Background work runs in three threads this object owns and stops in `close()`:
+- the *scheduler* reaps silent workers, starts evaluations when due and checks stop rules;
+- the *commander* pushes tasks to workers (`POST <worker>/task`), retrying with backoff;
+- the *janitor* deletes evicted chunks from storage in batches, off the request path.
+Each blocks on a queue or an event with a timeout; none spins.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import zlib
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.buffer import Item, UniformBuffer
+from coordinator.membership import Membership, UnknownWorker, Worker
+from coordinator.ratio import ReplayRatio
+from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
+from shared.config import RunConfig
+from shared.http import HttpClient, HttpError
+from shared.schemas import (
+    ChunkReport,
+    ChunkReportResponse,
+    CollectPermitRequest,
+    CollectPermitResponse,
+    CollectTask,
+    EvaluateTask,
+    EvaluationReport,
+    EvaluationResult,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LearnInfo,
+    LearnInfoResponse,
+    LearnTask,
+    RegisterRequest,
+    RegisterResponse,
+    Role,
+    SampleRequest,
+    SampleResponse,
+    TaskAccepted,
+    TaskEnvelope,
+    TaskKind,
+    TaskState,
+)
+from shared.storage import open_storage
+
+log = logging.getLogger("rlfleet.coordinator")
+
+EVAL_TIMEOUT_S = 120.0
+
+
+class WrongWorker(ValueError):
+    """A worker acting on a task that belongs to another worker."""
+
+
+class Coordinator:
+    def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
+                 clock=time.monotonic) -> None:
+        self.cfg = cfg
+        self.storage_url = storage_url
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.storage = open_storage(storage_url, cfg.name)
+        self.clock = clock
+        self.started_at = clock()
+        self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
+        self.tasks = TaskTable()
+        self.buffer = UniformBuffer(cfg.buffer.capacity, seed=cfg.seed)
+        self.ratio = ReplayRatio(cfg.algo.updates_per_env_step, cfg.algo.learning_starts,
+                                 cfg.algo.ratio_tolerance)
+        # Counters, guarded by `_cond` (whose lock also orders sampling against inserts).
+        self._cond = threading.Condition()
+        self.env_steps = 0
+        self.chunks_accepted = 0
+        self.episodes = 0
+        self.granted_iterations = 0
+        self.train_iterations = 0
+        self.policy_version = -1
+        self.learner_metrics: dict[str, float] = {}
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.recent_lengths: deque[int] = deque(maxlen=100)
+        self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
+        self.best_evaluation: EvaluationResult | None = None
+        self.next_eval_at = cfg.eval.every_env_steps
+        self.stop_reason: str | None = None
+        self.solved = False
+        self.stopped_at: float | None = None
+        self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self._eval_rr = 0
+        # Background threads.
+        self._closing = threading.Event()
+        self._wake = threading.Event()
+        self._push_q: queue.Queue[TaskRecord | None] = queue.Queue()
+        self._delete_q: queue.Queue[list[str] | None] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._scheduler_loop, name="scheduler", daemon=True),
+            threading.Thread(target=self._commander_loop, name="commander", daemon=True),
+            threading.Thread(target=self._janitor_loop, name="janitor", daemon=True),
+        ]
+        self._started = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> Coordinator:
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        self._push_q.put(None)
+        self._delete_q.put(None)
+        with self._cond:
+            self._cond.notify_all()
+        if self._started:
+            for t in self._threads:
+                t.join(timeout=5)
+        self.storage.close()
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_reason is not None
+
+    def stop(self, reason: str) -> None:
+        with self._cond:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+                self.stopped_at = self.clock()
+                log.info("run stopping: %s", reason)
+            self._cond.notify_all()
+
+    # -- membership -------------------------------------------------------------------------
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        worker, is_new = self.members.register(req.role, req.url, req.worker_id)
+        if not is_new:
+            for rec in self.tasks.active_for(worker.worker_id):
+                self.tasks.end(rec.task_id, TaskState.FAILED, "worker registered again")
+        log.info("%s %s at %s", "registered" if is_new else "re-registered",
+                 worker.worker_id, worker.url)
+        if not self.stopped:
+            self._assign_main_task(worker)
+        return RegisterResponse(
+            worker_id=worker.worker_id, run_name=self.cfg.name, storage=self.storage_url,
+            config=self.cfg.model_dump(mode="json"),
+            heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s)
+
+    def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
+        self.members.heartbeat(worker_id, req.status)
+        return HeartbeatResponse(stop=self.stopped, policy_version=self._version_or_none(),
+                                 env_steps=self.env_steps)
+
+    def leave(self, worker_id: str) -> Worker:
+        worker = self.members.leave(worker_id)
+        for rec in self.tasks.active_for(worker_id):
+            self.tasks.end(rec.task_id, TaskState.FINISHED)
+        log.info("worker %s left", worker_id)
+        return worker
+
+    def _version_or_none(self) -> int | None:
+        return self.policy_version if self.policy_version >= 0 else None
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def _assign_main_task(self, worker: Worker) -> TaskRecord:
+        seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
+        if worker.role is Role.COLLECTOR:
+            task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed)
+        else:
+            task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
+        rec = self.tasks.add(task, worker.worker_id)
+        self._push_q.put(rec)
+        return rec
+
+    def end_task(self, task_id: str, worker_id: str | None, error: str | None) -> TaskRecord:
+        rec = self.tasks.get(task_id)
+        if worker_id is not None and rec.worker_id != worker_id:
+            raise WrongWorker(f"task '{task_id}' belongs to worker '{rec.worker_id}', "
+                              f"not '{worker_id}'")
+        state = TaskState.FAILED if error else TaskState.FINISHED
+        if error:
+            log.warning("task %s failed on %s: %s", task_id, rec.worker_id, error)
+        return self.tasks.end(task_id, state, error)
+
+    def _check_task(self, task_id: str, worker_id: str, kind: TaskKind) -> TaskRecord:
+        rec = self.tasks.get(task_id)
+        if rec.worker_id != worker_id:
+            raise WrongWorker(f"task '{task_id}' belongs to worker '{rec.worker_id}', "
+                              f"not '{worker_id}'")
+        if rec.kind is not kind:
+            raise WrongWorker(f"task '{task_id}' is a {rec.kind.value} task, not {kind.value}")
+        return rec
+
+    def _push(self, rec: TaskRecord) -> None:
+        """Send a task to its worker; retried with backoff, failed if the worker never takes
+        it (the scheduler will notice the worker is gone)."""
+        try:
+            worker = self.members.get(rec.worker_id)
+        except UnknownWorker:
+            self.tasks.end(rec.task_id, TaskState.FAILED, "worker unknown")
+            return
+        client = HttpClient(worker.url, timeout_s=self.cfg.coordinator.task_push_timeout_s,
+                            retries=5, backoff_s=0.1)
+        try:
+            ack = client.post("/task", TaskEnvelope(task=rec.task), TaskAccepted)
+        except HttpError as err:
+            self.tasks.end(rec.task_id, TaskState.FAILED, f"push failed: {err}")
+            log.warning("could not push %s to %s: %s", rec.task_id, rec.worker_id, err)
+            return
+        finally:
+            client.close()
+        if ack.accepted and rec.state is TaskState.PENDING:
+            rec.state = TaskState.RUNNING
+
+    # -- experience -------------------------------------------------------------------------
+
+    def report_chunks(self, req: ChunkReport) -> ChunkReportResponse:
+        self.members.touch(req.worker_id)
+        self._check_task(req.task_id, req.worker_id, TaskKind.COLLECT)
+        now = self.clock()
+        with self._cond:
+            fresh = [c for c in req.chunks if c.chunk_id not in self.buffer]
+            evicted = self.buffer.insert([Item(c.chunk_id, c.length, c.policy_version, now)
+                                          for c in fresh])
+            for c in fresh:
+                self.env_steps += c.length
+                self.episodes += len(c.episode_returns)
+                self.recent_returns.extend(c.episode_returns)
+                self.recent_lengths.extend(c.episode_lengths)
+            self.chunks_accepted += len(fresh)
+            throttle = self.ratio.collector_ahead(self.env_steps, self.granted_iterations)
+            self._cond.notify_all()
+            env_steps = self.env_steps
+        if evicted:
+            self._delete_q.put(evicted)
+        if env_steps >= self.next_eval_at:
+            self._wake.set()
+        return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
+                                   throttle_s=0.05 if throttle else 0.0, stop=self.stopped)
+
+    def collect_permit(self, req: CollectPermitRequest) -> CollectPermitResponse:
+        self.members.touch(req.worker_id)
+        deadline = self.clock() + req.wait_s
+        with self._cond:
+            while (not self.stopped and not self._closing.is_set()
+                   and self.ratio.collector_ahead(self.env_steps, self.granted_iterations)):
+                left = deadline - self.clock()
+                if left <= 0:
+                    return CollectPermitResponse(granted=False, stop=False)
+                self._cond.wait(left)
+        return CollectPermitResponse(granted=not self.stopped, stop=self.stopped)
+
+    def sample(self, req: SampleRequest) -> SampleResponse:
+        self.members.touch(req.worker_id)
+        deadline = self.clock() + req.wait_s
+        with self._cond:
+            while True:
+                grant = min(req.num_batches, self.ratio.grantable(
+                    self.env_steps, self.granted_iterations, len(self.buffer)))
+                if grant > 0 or self.stopped or self._closing.is_set():
+                    break
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if grant <= 0:
+                return SampleResponse(chunk_ids=[], chunk_index=[], rows=[],
+                                      env_steps=self.env_steps, retry_after_s=0.05,
+                                      stop=self.stopped)
+            refs = self.buffer.sample(req.batch_size, grant)
+            self.granted_iterations += grant
+            self._cond.notify_all()  # collectors waiting for the learner may go on
+            env_steps = self.env_steps
+        return SampleResponse(chunk_ids=refs.chunk_ids, chunk_index=refs.chunk_index.tolist(),
+                              rows=refs.rows.tolist(), env_steps=env_steps, stop=self.stopped)
+
+    def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
+        self.members.touch(req.worker_id)
+        with self._cond:
+            self.train_iterations = max(self.train_iterations, req.train_iterations)
+            self.policy_version = max(self.policy_version, req.policy_version)
+            self.learner_metrics = dict(req.metrics)
+        self._wake.set()
+        return LearnInfoResponse(stop=self.stopped)
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def _maybe_start_evaluation(self) -> None:
+        if self.stopped or self.env_steps < self.next_eval_at or self.policy_version < 0:
+            return
+        if self.tasks.active(TaskKind.EVALUATE):
+            return
+        collectors = sorted(self.members.alive(Role.COLLECTOR), key=lambda w: w.worker_id)
+        if not collectors:
+            return
+        worker = collectors[self._eval_rr % len(collectors)]
+        self._eval_rr += 1
+        ev = self.cfg.eval
+        task = EvaluateTask(task_id=self.tasks.new_id(TaskKind.EVALUATE),
+                            policy_version=self.policy_version, episodes=ev.episodes,
+                            num_envs=min(ev.num_envs, ev.episodes),
+                            seed=self.cfg.seed * 7919 + self.next_eval_at)
+        self.next_eval_at = self.env_steps + ev.every_env_steps
+        self._push_q.put(self.tasks.add(task, worker.worker_id))
+
+    def report_evaluation(self, req: EvaluationReport) -> EvaluationResult:
+        self.members.touch(req.worker_id)
+        rec = self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
+        returns = np.asarray(req.returns, dtype=np.float64)
+        result = EvaluationResult(
+            task_id=req.task_id, worker_id=req.worker_id, policy_version=req.policy_version,
+            env_steps=self.env_steps, train_iterations=self.train_iterations,
+            episodes=len(returns), return_mean=float(returns.mean()),
+            return_std=float(returns.std()), length_mean=float(np.mean(req.lengths)),
+            wall_time=self.clock() - self.started_at)
+        self.tasks.end(rec.task_id, TaskState.FINISHED)
+        self.evaluations.append(result)
+        if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
+            self.best_evaluation = result
+        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f", result.policy_version,
+                 result.env_steps, result.return_mean, result.return_std)
+        stop_value = self.cfg.eval.stop_value
+        if stop_value is not None and result.return_mean >= stop_value:
+            self.solved = True
+            self.stop(f"solved: evaluation return {result.return_mean:.1f} >= {stop_value}")
+        return result
+
+    # -- background threads -----------------------------------------------------------------
+
+    def _scheduler_loop(self) -> None:
+        interval = min(self.cfg.coordinator.heartbeat_interval_s, 0.5)
+        while not self._closing.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            try:
+                self._tick()
+            except Exception:  # the scheduler must outlive a bug in one tick; it is logged
+                log.exception("scheduler tick failed")
+
+    def _tick(self) -> None:
+        now = self.clock()
+        for worker in self.members.reap():
+            log.warning("worker %s missed heartbeats for %.1fs: marked dead", worker.worker_id,
+                        self.members.timeout_s)
+            for rec in self.tasks.active_for(worker.worker_id):
+                self.tasks.end(rec.task_id, TaskState.FAILED, "worker died")
+        for rec in self.tasks.active(TaskKind.EVALUATE):
+            if now - rec.created_at > EVAL_TIMEOUT_S:
+                self.tasks.end(rec.task_id, TaskState.FAILED, "evaluation timed out")
+        self._rates.append((now, self.env_steps, self.train_iterations))
+        stop = self.cfg.stop
+        if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
+            self.stop(f"max_env_steps={stop.max_env_steps} reached")
+        if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
+            self.stop(f"max_wall_s={stop.max_wall_s} reached")
+        self._maybe_start_evaluation()
+
+    def _commander_loop(self) -> None:
+        while True:
+            rec = self._push_q.get()
+            if rec is None or self._closing.is_set():
+                return
+            if rec.active:
+                self._push(rec)
+
+    def _janitor_loop(self) -> None:
+        while True:
+            ids = self._delete_q.get()
+            if ids is None:
+                return
+            while True:  # batch whatever else is already waiting
+                try:
+                    more = self._delete_q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._delete_q.put(None)
+                    break
+                ids.extend(more)
+            try:
+                self.storage.delete_chunks(ids)
+            except Exception:  # storage hiccup: the ids stay orphaned, logged for the operator
+                log.exception("could not delete %d evicted chunks", len(ids))
+
+    # -- reading state ----------------------------------------------------------------------
+
+    def rates(self) -> tuple[float, float]:
+        """env steps/s and train iterations/s over the last few seconds."""
+        samples = [s for s in self._rates if s[0] >= self.clock() - 5.0]
+        if len(samples) < 2:
+            return 0.0, 0.0
+        (t0, e0, i0), (t1, e1, i1) = samples[0], samples[-1]
+        dt = max(t1 - t0, 1e-9)
+        return (e1 - e0) / dt, (i1 - i0) / dt
+
+    def status(self) -> dict:
+        now = self.clock()
+        steps_per_s, iters_per_s = self.rates()
+        latest = self.evaluations[-1].model_dump() if self.evaluations else None
+        best = self.best_evaluation.model_dump() if self.best_evaluation else None
+        returns = list(self.recent_returns)
+        return {
+            "run": {"name": self.cfg.name, "state": "stopped" if self.stopped else "running",
+                    "stop_reason": self.stop_reason, "solved": self.solved,
+                    "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
+                    "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url},
+            "counters": {"env_steps": self.env_steps, "train_iterations": self.train_iterations,
+                         "granted_iterations": self.granted_iterations,
+                         "policy_version": self.policy_version,
+                         "chunks_accepted": self.chunks_accepted, "episodes": self.episodes},
+            "rates": {"env_steps_per_s": round(steps_per_s, 1),
+                      "train_iterations_per_s": round(iters_per_s, 1)},
+            "buffer": {"kind": self.cfg.buffer.kind, "size": len(self.buffer),
+                       "chunks": self.buffer.num_chunks, "capacity": self.buffer.capacity,
+                       "inserted_chunks": self.buffer.inserted_chunks,
+                       "evicted_chunks": self.buffer.evicted_chunks,
+                       "sampled_items": self.buffer.sampled_items},
+            "collect": {"episode_return_mean": float(np.mean(returns)) if returns else None,
+                        "episode_length_mean": (float(np.mean(self.recent_lengths))
+                                                if returns else None)},
+            "train": self.learner_metrics,
+            "workers": [w.to_json(now) for w in self.members.all()],
+            "tasks": [r.to_json() for r in self.tasks.all() if r.active],
+            "latest_evaluation": latest,
+            "best_evaluation": best,
+        }
+
+
+__all__ = ["Coordinator", "UnknownTask", "UnknownWorker", "WrongWorker"]

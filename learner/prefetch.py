@@ -1,0 +1,115 @@
+"""Keeping the learner fed: sample references from the coordinator, chunks from storage.
+
+A background thread asks for many batches per request, reads the chunks it does not have
+cached (chunks never change, so the cache needs no invalidation, only an LRU bound), builds
+the batches and parks them in a bounded queue. The training loop only ever takes ready
+batches; if the queue is never empty, the learner never waits on the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from learner.batching import assemble
+from shared.codec import decode_arrays
+from shared.http import HttpClient, HttpError
+from shared.schemas import API, SampleRequest, SampleResponse
+from shared.storage import ChunkNotFound, Storage
+
+log = logging.getLogger("rlfleet.learner")
+
+
+class ChunkCache:
+    def __init__(self, storage: Storage, capacity: int) -> None:
+        self.storage = storage
+        self.capacity = capacity
+        self._chunks: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get_many(self, chunk_ids: list[str]) -> list[dict[str, np.ndarray]]:
+        missing = [c for c in chunk_ids if c not in self._chunks]
+        self.misses += len(missing)
+        self.hits += len(chunk_ids) - len(missing)
+        if missing:
+            for chunk_id, blob in zip(missing, self.storage.get_chunks(missing), strict=True):
+                self._chunks[chunk_id] = decode_arrays(blob)[0]
+        out = []
+        for c in chunk_ids:
+            self._chunks.move_to_end(c)
+            out.append(self._chunks[c])
+        while len(self._chunks) > max(self.capacity, len(chunk_ids)):
+            self._chunks.popitem(last=False)
+        return out
+
+
+class Prefetcher:
+    def __init__(self, client: HttpClient, storage: Storage, worker_id: str, batch_size: int,
+                 batches_per_request: int, depth: int, cache_size: int) -> None:
+        self.client = client
+        self.worker_id = worker_id
+        self.batch_size = batch_size
+        self.batches_per_request = batches_per_request
+        self.cache = ChunkCache(storage, cache_size)
+        self.ready: queue.Queue[list[dict[str, torch.Tensor]]] = queue.Queue(maxsize=depth)
+        self.stop_run = threading.Event()
+        self._closing = threading.Event()
+        self.dropped_responses = 0
+        self.sample_wait_s = 0.0
+        self.fetch_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+
+    def start(self) -> Prefetcher:
+        self._thread.start()
+        return self
+
+    def get(self, timeout: float) -> list[dict[str, torch.Tensor]] | None:
+        try:
+            return self.ready.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
+                            num_batches=self.batches_per_request, wait_s=1.0)
+        while not self._closing.is_set():
+            t0 = time.perf_counter()
+            try:
+                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15)
+            except HttpError as err:
+                log.warning("sample request failed: %s", err)
+                self._closing.wait(0.5)
+                continue
+            self.sample_wait_s += time.perf_counter() - t0
+            if resp.stop:
+                self.stop_run.set()
+            if not resp.chunk_ids:
+                continue
+            t1 = time.perf_counter()
+            try:
+                chunks = self.cache.get_many(resp.chunk_ids)
+            except ChunkNotFound as err:
+                # Evicted and deleted between sampling and reading: skip these batches.
+                self.dropped_responses += 1
+                log.info("dropping a sample response: %s", err)
+                continue
+            batches = assemble(chunks, np.asarray(resp.chunk_index), np.asarray(resp.rows))
+            self.fetch_s += time.perf_counter() - t1
+            while not self._closing.is_set():
+                try:
+                    self.ready.put(batches, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=20)

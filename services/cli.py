@@ -1,0 +1,172 @@
+"""The `rlfleet` command: one entry point for every process of a cluster.
+
+    rlfleet coordinator --config PATH [--host H] [--port P]   # what containers run
+    rlfleet collector --coordinator URL
+    rlfleet learner --coordinator URL
+    rlfleet up --config PATH [--collectors N] [--storage S] [--run-dir D] [--seed S]
+    rlfleet status [--coordinator URL]
+    rlfleet single --config PATH                               # no HTTP, no storage
+
+Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
+`RLFLEET_COORDINATOR`, `RLFLEET_PORT`, `RLFLEET_STORAGE`), which is how compose and Kubernetes
+configure containers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from shared.config import ConfigError, load_config
+
+
+def env(name: str, default=None):
+    return os.environ.get(f"RLFLEET_{name}", default)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _setup_logging(role: str) -> None:
+    logging.basicConfig(level=env("LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def _advertise(args: argparse.Namespace) -> str:
+    if args.advertise_url:
+        return args.advertise_url
+    host = args.host if args.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+    return f"http://{host}:{args.port}"
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from coordinator.app import create_app
+    from services.serve import serve
+
+    _setup_logging("coordinator")
+    if not args.config:
+        raise ConfigError("coordinator needs --config PATH (or RLFLEET_CONFIG)")
+    cfg = load_config(args.config)
+    cfg = cfg.with_overrides(seed=args.seed, name=args.name)
+    run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+    storage = args.storage or cfg.storage or str(run_dir / "storage")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    serve(lambda: create_app(cfg, storage, run_dir, start=False), args.host, args.port,
+          threads=args.threads)
+    return 0
+
+
+def _worker(args: argparse.Namespace, role: str) -> int:
+    from services.serve import serve
+    from shared.worker import create_worker_app
+
+    _setup_logging(role)
+    if not args.coordinator:
+        raise ConfigError(f"{role} needs --coordinator URL (or RLFLEET_COORDINATOR)")
+    if not args.port:
+        args.port = free_port(args.host if args.host != "0.0.0.0" else "127.0.0.1")
+    if role == "collector":
+        from collector.service import CollectorService as Service
+    else:
+        from learner.service import LearnerService as Service
+
+    def factory():
+        service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
+        return create_worker_app(service)
+
+    serve(factory, args.host, args.port, threads=4)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from services.launcher import up
+
+    return up(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from services.status import print_status
+
+    return print_status(args.coordinator)
+
+
+def cmd_single(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from services.single import run_single
+
+    cfg = load_config(args.config).with_overrides(seed=args.seed)
+    res = run_single(cfg, progress=lambda s, i, r, t: print(
+        f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True))
+    print(asdict(res))
+    return 0 if res.solved else 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlfleet", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("coordinator", help="serve the coordinator (gunicorn, gthread, 1 worker)")
+    c.add_argument("--config", default=env("CONFIG"))
+    c.add_argument("--host", default=env("HOST", "127.0.0.1"))
+    c.add_argument("--port", type=int, default=int(env("PORT", "8000")))
+    c.add_argument("--storage", default=env("STORAGE"), help="directory or redis://host:port/db")
+    c.add_argument("--run-dir", default=env("RUN_DIR"))
+    c.add_argument("--seed", type=int, default=env("SEED"))
+    c.add_argument("--name", default=env("RUN_NAME"), help="run name (storage namespace)")
+    c.add_argument("--threads", type=int, default=int(env("THREADS", "16")))
+    c.set_defaults(func=cmd_coordinator)
+
+    for role in ("collector", "learner"):
+        w = sub.add_parser(role, help=f"serve a {role} that joins a coordinator")
+        w.add_argument("--coordinator", default=env("COORDINATOR"))
+        w.add_argument("--host", default=env("HOST", "127.0.0.1"))
+        w.add_argument("--port", type=int, default=int(env("PORT", "0")))
+        w.add_argument("--advertise-url", default=env("ADVERTISE_URL"),
+                       help="URL the coordinator uses to reach this worker")
+        w.add_argument("--worker-id", default=env("WORKER_ID"))
+        w.add_argument("--storage", default=env("STORAGE"),
+                       help="override the storage the coordinator announces")
+        w.set_defaults(func=lambda a, r=role: _worker(a, r))
+
+    u = sub.add_parser("up", help="run a whole cluster as local processes until solved")
+    u.add_argument("--config", required=True)
+    u.add_argument("--collectors", type=int, default=2)
+    u.add_argument("--storage", default=None, help="directory or redis://host:port/db")
+    u.add_argument("--run-dir", default=None)
+    u.add_argument("--seed", type=int, default=None)
+    u.add_argument("--max-wall-s", type=float, default=None)
+    u.add_argument("--max-env-steps", type=int, default=None)
+    u.add_argument("--quiet", action="store_true", help="no live progress line")
+    u.set_defaults(func=cmd_up)
+
+    s = sub.add_parser("status", help="print a running cluster as a table")
+    s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    s.set_defaults(func=cmd_status)
+
+    g = sub.add_parser("single", help="train in one process (baseline, hyperparameter trials)")
+    g.add_argument("--config", required=True)
+    g.add_argument("--seed", type=int, default=None)
+    g.set_defaults(func=cmd_single)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"rlfleet {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

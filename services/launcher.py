@@ -1,0 +1,299 @@
+"""`rlfleet up`: a whole cluster as local processes, watched until it solves, fails or is
+interrupted.
+
+Each role is its own process running the same `rlfleet <role>` command a container runs, on a
+free loopback port. Children get their own session (Ctrl-C reaches only the launcher, which
+then stops them in order: workers first, so they can leave cleanly, then the coordinator) and
+a parent-death signal (if the launcher is killed outright, they die with it: no orphans).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from shared.config import load_config
+from shared.http import HttpClient, HttpError
+from shared.schemas import API
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: Ctrl-C and normal exits still stop children
+    os.setsid()
+
+
+class ChildFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    proc: subprocess.Popen
+    log_path: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class LocalCluster:
+    def __init__(self, config_path: Path, run_dir: Path, storage: str) -> None:
+        self.config_path = config_path
+        self.run_dir = run_dir
+        self.storage = storage
+        self.log_dir = run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+        self.coordinator: Child | None = None
+        self._collector_seq = 0
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env.pop("RLFLEET_COORDINATOR", None)
+
+    def _spawn(self, name: str, role: str, args: list[str], port: int) -> Child:
+        from services.cli import free_port  # noqa: F401 - same helper the CLI uses
+
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
+        cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                preexec_fn=_die_with_parent, cwd=os.getcwd())
+        log.close()
+        child = Child(name, role, proc, log_path, port)
+        self.children.append(child)
+        return child
+
+    def start_coordinator(self, timeout_s: float = 60.0) -> Child:
+        from services.cli import free_port
+
+        port = free_port()
+        self.coordinator = self._spawn("coordinator", "coordinator", [
+            "--config", str(self.config_path), "--run-dir", str(self.run_dir),
+            "--storage", self.storage], port)
+        client = HttpClient(self.coordinator.url, timeout_s=2, retries=0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self.coordinator.proc.poll() is not None:
+                    raise ChildFailed(f"coordinator exited with code "
+                                      f"{self.coordinator.proc.returncode} while starting:\n"
+                                      f"{self.coordinator.tail()}")
+                try:
+                    client.get("/health")
+                    return self.coordinator
+                except HttpError:
+                    time.sleep(0.1)
+        finally:
+            client.close()
+        raise ChildFailed(f"coordinator did not answer /health within {timeout_s}s")
+
+    def _worker_args(self) -> list[str]:
+        assert self.coordinator is not None
+        return ["--coordinator", self.coordinator.url]
+
+    def start_learner(self) -> Child:
+        from services.cli import free_port
+
+        return self._spawn("learner", "learner", [*self._worker_args(), "--worker-id",
+                                                  "learner"], free_port())
+
+    def add_collector(self) -> Child:
+        from services.cli import free_port
+
+        self._collector_seq += 1
+        name = f"collector-{self._collector_seq}"
+        return self._spawn(name, "collector", [*self._worker_args(), "--worker-id", name],
+                           free_port())
+
+    def crashed(self) -> Child | None:
+        for child in self.children:
+            if child.proc.poll() is not None:
+                return child
+        return None
+
+    def stop(self, children: list[Child], timeout_s: float = 20.0) -> None:
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in children:
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+    def shutdown(self) -> None:
+        workers = [c for c in self.children if c is not self.coordinator]
+        self.stop(workers)
+        if self.coordinator is not None:
+            self.stop([self.coordinator])
+
+
+def _resolve(args) -> tuple[Path, Path, str, dict]:
+    cfg = load_config(args.config)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    storage = args.storage or cfg.storage or str(run_dir / "storage")
+    stop = cfg.stop.model_dump()
+    if args.max_wall_s:
+        stop["max_wall_s"] = args.max_wall_s
+    if args.max_env_steps:
+        stop["max_env_steps"] = args.max_env_steps
+    # The run's name is its directory's: unique per run, so a shared Redis never mixes runs.
+    cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage, stop=stop)
+    resolved = run_dir / "config.yaml"
+    resolved.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return resolved, run_dir, storage, cfg.model_dump(mode="json")
+
+
+def _progress_text(status: dict, elapsed: float) -> str:
+    c, r = status["counters"], status["rates"]
+    ev = status.get("latest_evaluation")
+    ev_txt = f"{ev['return_mean']:.1f}" if ev else "-"
+    alive = sum(1 for w in status["workers"] if w["state"] == "alive"
+                and w["role"] == "collector")
+    return (f"{elapsed:6.1f}s  env steps {c['env_steps']:>9,}  {r['env_steps_per_s']:>8,.0f}/s  "
+            f"train it {c['train_iterations']:>8,}  policy v{c['policy_version']:<6}  "
+            f"eval {ev_txt:>6}  collectors {alive}")
+
+
+def up(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console(stderr=True)
+    config_path, run_dir, storage, cfg = _resolve(args)
+    cluster = LocalCluster(config_path, run_dir, storage)
+    started = time.monotonic()
+    status: dict | None = None
+    outcome, code, error = "stopped", 3, None
+
+    interrupted = False
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+
+    old_int = signal.signal(signal.SIGINT, on_sigint)
+    old_term = signal.signal(signal.SIGTERM, on_sigint)
+    console.print(f"[bold]rlfleet up[/]: {cfg['env']['id']} with {args.collectors} collectors,"
+                  f" storage {storage}, run dir {run_dir}")
+    try:
+        cluster.start_coordinator()
+        client = HttpClient(cluster.coordinator.url, timeout_s=5, retries=2)
+        cluster.start_learner()
+        for _ in range(args.collectors):
+            cluster.add_collector()
+        live_ok = console.is_terminal and not args.quiet
+        last_print = 0.0
+        with Live(Text("starting..."), console=console, refresh_per_second=4,
+                  transient=False) if live_ok else _NullLive() as live:
+            while True:
+                if interrupted:
+                    outcome, code, error = "interrupted", 130, "interrupted by signal"
+                    break
+                dead = cluster.crashed()
+                if dead is not None:
+                    outcome, code = "crashed", 1
+                    error = (f"{dead.name} (pid {dead.proc.pid}) exited with code "
+                             f"{dead.proc.returncode}")
+                    console.print(f"[red]{error}[/]; last lines of {dead.log_path}:\n"
+                                  f"{dead.tail()}")
+                    break
+                try:
+                    status = client.get(f"{API}/status")
+                except HttpError as err:
+                    console.print(f"[yellow]coordinator status unavailable: {err}[/]")
+                    time.sleep(0.5)
+                    continue
+                line = _progress_text(status, time.monotonic() - started)
+                if live_ok:
+                    live.update(Text(line))
+                elif time.monotonic() - last_print >= 5 and not args.quiet:
+                    print(line, file=sys.stderr, flush=True)
+                    last_print = time.monotonic()
+                if status["run"]["state"] == "stopped":
+                    solved = status["run"]["solved"]
+                    outcome, code = ("solved", 0) if solved else ("stopped", 3)
+                    console.print(f"run stopped: {status['run']['stop_reason']}")
+                    break
+                time.sleep(0.25)
+        client.close()
+    except ChildFailed as err:
+        outcome, code, error = "crashed", 1, str(err)
+        console.print(f"[red]{err}[/]")
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        cluster.shutdown()
+    summary = _summary(status, outcome, error, time.monotonic() - started, args, storage)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"summary: {run_dir / 'summary.json'}: solved={summary['solved']} "
+                  f"eval_return={summary['eval_return']} env_steps={summary['env_steps']} "
+                  f"wall_seconds={summary['wall_seconds']:.1f}")
+    return code
+
+
+def _summary(status: dict | None, outcome: str, error: str | None, wall: float, args,
+             storage: str) -> dict:
+    s = status or {}
+    counters = s.get("counters", {})
+    latest = s.get("latest_evaluation") or {}
+    best = s.get("best_evaluation") or {}
+    return {
+        "solved": bool(s.get("run", {}).get("solved", False)),
+        "outcome": outcome,
+        "error": error,
+        "stop_reason": s.get("run", {}).get("stop_reason"),
+        "eval_return": latest.get("return_mean"),
+        "eval_return_std": latest.get("return_std"),
+        "best_eval_return": best.get("return_mean"),
+        "env_steps": counters.get("env_steps", 0),
+        "train_iterations": counters.get("train_iterations", 0),
+        "policy_version": counters.get("policy_version", -1),
+        "chunks_accepted": counters.get("chunks_accepted", 0),
+        "wall_seconds": round(wall, 3),
+        "run_seconds": s.get("run", {}).get("wall_seconds"),
+        "collectors": args.collectors,
+        "seed": args.seed,
+        "storage": storage,
+        "config": str(args.config),
+    }
+
+
+class _NullLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, *_a, **_k) -> None:
+        pass

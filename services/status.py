@@ -1,0 +1,46 @@
+"""`rlfleet status`: a running cluster as tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from shared.http import HttpClient, HttpError
+from shared.schemas import API
+
+
+def print_status(coordinator_url: str) -> int:
+    console = Console()
+    client = HttpClient(coordinator_url, timeout_s=5, retries=1)
+    try:
+        s = client.get(f"{API}/status")
+    except HttpError as err:
+        console.print(f"[red]cannot read status from {coordinator_url}: {err}[/]")
+        return 1
+    finally:
+        client.close()
+    run, c, r, b = s["run"], s["counters"], s["rates"], s["buffer"]
+    ev = s.get("latest_evaluation")
+    head = Table(title=f"run {run['name']}: {run['state']}"
+                 + (f" ({run['stop_reason']})" if run["stop_reason"] else ""))
+    for col in ("env steps", "steps/s", "train it", "it/s", "policy", "buffer", "last eval"):
+        head.add_column(col, justify="right")
+    head.add_row(f"{c['env_steps']:,}", f"{r['env_steps_per_s']:,.0f}",
+                 f"{c['train_iterations']:,}", f"{r['train_iterations_per_s']:,.0f}",
+                 str(c["policy_version"]), f"{b['size']:,}/{b['capacity']:,}",
+                 f"{ev['return_mean']:.1f}" if ev else "-")
+    console.print(head)
+    workers = Table(title="workers")
+    for col in ("id", "role", "state", "url", "last heartbeat"):
+        workers.add_column(col)
+    for w in s["workers"]:
+        workers.add_row(w["worker_id"], w["role"], w["state"], w["url"],
+                        f"{w['seconds_since_heartbeat']:.1f}s ago")
+    console.print(workers)
+    tasks = Table(title="active tasks")
+    for col in ("id", "kind", "worker", "state"):
+        tasks.add_column(col)
+    for t in s["tasks"]:
+        tasks.add_row(t["task_id"], t["kind"], t["worker_id"], t["state"])
+    console.print(tasks)
+    return 0

@@ -1,0 +1,67 @@
+"""The role interfaces, in the spirit of Acme's core.py: what a collector and a learner need
+from each other, with no transport in sight.
+
+A collector's loop, spelt with these names::
+
+    source = WeightSource(...); policy = make_policy(spec)
+    obs = envs.reset()
+    while running:
+        if (new := source.poll(policy.version)) is not None:
+            policy.load(*new)
+        actions = policy.act(obs, epsilon)
+        ... step envs, accumulate transitions ...
+        adder.add(chunk_arrays, episode_stats)   # storage write, then metadata report
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Acting side of an algorithm: what a collector runs."""
+
+    version: int
+
+    def act(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+        """Actions for a batch of observations, with exploration."""
+
+    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for evaluation."""
+
+    def load(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Adopt published weights."""
+
+
+@runtime_checkable
+class Adder(Protocol):
+    """How a collector hands experience over: write the chunk, then announce it."""
+
+    def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
+            episode_returns: list[float], episode_lengths: list[int]) -> str:
+        """Store one chunk and queue its metadata; returns the chunk id."""
+
+    def flush(self) -> None:
+        """Announce everything stored so far (before a drain or shutdown)."""
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """Where a collector gets policy weights from."""
+
+    def poll(self, current_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A newer (version, state) than `current_version`, or None."""
+
+
+@runtime_checkable
+class Saveable(Protocol):
+    def state(self) -> dict[str, torch.Tensor]:
+        ...
+
+    def restore(self, state: Mapping[str, torch.Tensor]) -> None:
+        ...

@@ -1,0 +1,113 @@
+"""HTTP client for the control plane: JSON in, pydantic out, timeouts and retries always.
+
+Retries cover what a restart or a busy coordinator looks like from outside (connection
+refused, reset, 502/503/504, 429 with Retry-After); anything else (a 4xx) is raised at once as
+`HttpError` carrying the server's JSON error, because sending the same bad body again cannot
+help.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, TypeVar
+
+import requests
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
+
+_RETRY_STATUS = {429, 502, 503, 504}
+
+
+class HttpError(RuntimeError):
+    """A request that failed for good: a 4xx/5xx answer, or retries exhausted."""
+
+    def __init__(self, message: str, status: int | None = None,
+                 body: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body or {}
+
+
+class HttpClient:
+    """One base URL, one pooled session. Thread-safe for the usage here (requests' Session
+    is safe for concurrent simple requests; each thread may also hold its own client)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 10.0, retries: int = 5,
+                 backoff_s: float = 0.1, max_backoff_s: float = 2.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        if headers:
+            self.session.headers.update(headers)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def request(self, method: str, path: str, body: BaseModel | dict | None = None,
+                response_model: type[T] | None = None, *, timeout_s: float | None = None,
+                retries: int | None = None) -> T | dict[str, Any]:
+        url = f"{self.base_url}{path}"
+        data = None
+        if body is not None:
+            data = (body.model_dump_json() if isinstance(body, BaseModel)
+                    else requests.models.complexjson.dumps(body))
+        attempts = (self.retries if retries is None else retries) + 1
+        delay = self.backoff_s
+        last: str = ""
+        for attempt in range(attempts):
+            try:
+                resp = self.session.request(
+                    method, url, data=data, timeout=timeout_s or self.timeout_s,
+                    headers={"Content-Type": "application/json"} if data is not None else None)
+            except (requests.ConnectionError, requests.Timeout) as err:
+                last = f"{type(err).__name__}: {err}"
+            else:
+                if resp.status_code < 400:
+                    payload = resp.json() if resp.content else {}
+                    return response_model.model_validate(payload) if response_model else payload
+                body_json = _json_or_text(resp)
+                if resp.status_code not in _RETRY_STATUS:
+                    raise HttpError(f"{method} {url} -> {resp.status_code}: "
+                                    f"{body_json.get('error', body_json)}",
+                                    resp.status_code, body_json)
+                last = f"{resp.status_code}: {body_json.get('error', body_json)}"
+                retry_after = resp.headers.get("Retry-After")
+                if retry_after:
+                    try:
+                        delay = max(delay, float(retry_after))
+                    except ValueError:
+                        log.debug("ignoring non-numeric Retry-After %r", retry_after)
+            if attempt + 1 < attempts:
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.max_backoff_s)
+        raise HttpError(f"{method} {url} failed after {attempts} attempts: {last}")
+
+    def get(self, path: str, response_model: type[T] | None = None, **kw) -> Any:
+        return self.request("GET", path, None, response_model, **kw)
+
+    def post(self, path: str, body: BaseModel | dict | None = None,
+             response_model: type[T] | None = None, **kw) -> Any:
+        return self.request("POST", path, body if body is not None else {}, response_model, **kw)
+
+    def delete(self, path: str, **kw) -> Any:
+        return self.request("DELETE", path, None, None, **kw)
+
+
+def _json_or_text(resp: requests.Response) -> dict[str, Any]:
+    try:
+        data = resp.json()
+        return data if isinstance(data, dict) else {"error": data}
+    except ValueError:
+        return {"error": resp.text[:500]}

@@ -1,0 +1,234 @@
+"""Wire schemas of the control plane: every JSON body any role sends or answers.
+
+Requests forbid unknown fields, so a misspelt field is a 400 that names it rather than a
+silently ignored value. Payload data never appears here: chunks travel through storage and
+only their metadata (`ChunkMeta`) crosses HTTP.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API = "/api/v1"
+
+Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Role(StrEnum):
+    COLLECTOR = "collector"
+    LEARNER = "learner"
+
+
+class WorkerState(StrEnum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+class TaskKind(StrEnum):
+    COLLECT = "collect"
+    LEARN = "learn"
+    EVALUATE = "evaluate"
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"      # created, not yet accepted by its worker
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+# -- membership ---------------------------------------------------------------------------
+
+class RegisterRequest(Request):
+    role: Role
+    url: str = Field(min_length=1, max_length=512, pattern=r"^https?://",
+                     description="where the coordinator reaches this worker's HTTP service")
+    worker_id: Id | None = Field(None, description="a stable id; registering again under it "
+                                 "after a restart replaces the old entry")
+
+
+class RegisterResponse(Response):
+    worker_id: str
+    run_name: str
+    storage: str
+    config: dict[str, Any]
+    heartbeat_interval_s: float
+
+
+class HeartbeatRequest(Request):
+    status: dict[str, float] = Field(default_factory=dict, max_length=64)
+
+
+class HeartbeatResponse(Response):
+    stop: bool
+    paused: bool = False
+    policy_version: int | None
+    env_steps: int
+
+
+# -- tasks (coordinator -> worker, POST /task) ----------------------------------------------
+
+class CollectTask(Request):
+    kind: Literal[TaskKind.COLLECT] = TaskKind.COLLECT
+    task_id: Id
+    seed: int
+
+
+class LearnTask(Request):
+    kind: Literal[TaskKind.LEARN] = TaskKind.LEARN
+    task_id: Id
+    seed: int
+
+
+class EvaluateTask(Request):
+    kind: Literal[TaskKind.EVALUATE] = TaskKind.EVALUATE
+    task_id: Id
+    policy_version: int = Field(ge=0)
+    episodes: int = Field(ge=1, le=10_000)
+    num_envs: int = Field(ge=1, le=10_000)
+    seed: int
+
+
+Task = Annotated[CollectTask | LearnTask | EvaluateTask, Field(discriminator="kind")]
+
+
+class TaskEnvelope(Request):
+    """The body of `POST /task` on a worker."""
+
+    task: Task
+
+
+class TaskAccepted(Response):
+    task_id: str
+    accepted: bool
+
+
+# -- experience (collector -> coordinator) --------------------------------------------------
+
+class ChunkMeta(Request):
+    chunk_id: Id
+    length: int = Field(ge=1, le=10_000_000, description="transitions in the chunk")
+    policy_version: int = Field(ge=-1, description="-1: acted before any published version")
+    episode_returns: list[float] = Field(default_factory=list, max_length=100_000)
+    episode_lengths: list[int] = Field(default_factory=list, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _episodes_match(self) -> ChunkMeta:
+        if len(self.episode_returns) != len(self.episode_lengths):
+            raise ValueError(f"episode_returns has {len(self.episode_returns)} entries but "
+                             f"episode_lengths has {len(self.episode_lengths)}")
+        return self
+
+
+class ChunkReport(Request):
+    worker_id: Id
+    task_id: Id
+    chunks: list[ChunkMeta] = Field(min_length=1, max_length=10_000)
+
+
+class ChunkReportResponse(Response):
+    accepted: int
+    env_steps: int
+    throttle_s: float = Field(description="how long the collector should wait before "
+                              "producing more: the replay ratio says the learner is behind")
+    stop: bool
+
+
+# -- sampling and learning (learner <-> coordinator) ----------------------------------------
+
+class SampleRequest(Request):
+    worker_id: Id
+    batch_size: int = Field(ge=1, le=65_536)
+    num_batches: int = Field(ge=1, le=1024)
+    wait_s: float = Field(0.0, ge=0, le=30, description="how long to wait for the buffer or "
+                          "the replay ratio before answering with fewer (or no) batches")
+
+
+class SampleResponse(Response):
+    """Batches as references: `chunk_ids` lists each chunk once; batch b, item i is row
+    `rows[b][i]` of chunk `chunk_ids[chunk_index[b][i]]`."""
+
+    chunk_ids: list[str]
+    chunk_index: list[list[int]]
+    rows: list[list[int]]
+    env_steps: int
+    retry_after_s: float = 0.0
+    stop: bool = False
+
+
+class LearnInfo(Request):
+    worker_id: Id
+    train_iterations: int = Field(ge=0)
+    policy_version: int = Field(ge=-1)
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=256)
+
+
+class LearnInfoResponse(Response):
+    stop: bool
+
+
+# -- evaluation (collector -> coordinator) ---------------------------------------------------
+
+class EvaluationReport(Request):
+    worker_id: Id
+    task_id: Id
+    policy_version: int = Field(ge=-1)
+    returns: list[float] = Field(min_length=1, max_length=100_000)
+    lengths: list[int] = Field(min_length=1, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> EvaluationReport:
+        if len(self.returns) != len(self.lengths):
+            raise ValueError(f"returns has {len(self.returns)} entries but lengths has "
+                             f"{len(self.lengths)}")
+        return self
+
+
+class EvaluationResult(Response):
+    task_id: str
+    worker_id: str
+    policy_version: int
+    env_steps: int
+    train_iterations: int
+    episodes: int
+    return_mean: float
+    return_std: float
+    length_mean: float
+    wall_time: float
+
+
+class TaskResult(Request):
+    """A worker telling the coordinator a task ended (`POST /tasks/<id>/finish|fail`)."""
+
+    worker_id: Id | None = None
+    error: str | None = Field(None, max_length=4096)
+
+
+class ErrorBody(Response):
+    error: str
+    field: str | None = None
+    detail: list[dict[str, Any]] | None = None
+
+
+class CollectPermitRequest(Request):
+    """Asked by a collector the coordinator told to throttle: wait until collecting may go on."""
+
+    worker_id: Id
+    wait_s: float = Field(1.0, ge=0, le=30)
+
+
+class CollectPermitResponse(Response):
+    granted: bool
+    stop: bool

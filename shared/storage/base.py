@@ -1,0 +1,79 @@
+"""The storage interface every backend implements.
+
+Chunks are immutable once written: a chunk id names the same bytes forever, which is what lets
+learners cache them. Weights are versioned; `latest_version` is the cheap call collectors poll.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class StorageError(RuntimeError):
+    """The backend failed (unreachable, full, refused)."""
+
+
+class ChunkNotFound(KeyError):
+    """A chunk id that storage does not hold (never written, or evicted and deleted)."""
+
+    def __init__(self, chunk_id: str) -> None:
+        super().__init__(chunk_id)
+        self.chunk_id = chunk_id
+
+    def __str__(self) -> str:
+        return f"chunk '{self.chunk_id}' is not in storage"
+
+
+def validate_id(chunk_id: str) -> str:
+    """Ids become file names and Redis keys, so they are kept to a safe alphabet."""
+    if not isinstance(chunk_id, str) or not _ID.match(chunk_id):
+        raise ValueError(f"chunk id {chunk_id!r} must match {_ID.pattern}")
+    return chunk_id
+
+
+class Storage(ABC):
+    """Experience chunks plus versioned policy weights."""
+
+    keep_weight_versions: int = 4
+
+    @abstractmethod
+    def put_chunks(self, chunks: Mapping[str, bytes]) -> None:
+        """Write chunks; when this returns they are durable enough to announce."""
+
+    def put_chunk(self, chunk_id: str, data: bytes) -> None:
+        self.put_chunks({chunk_id: data})
+
+    @abstractmethod
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[bytes]:
+        """The chunks' bytes, in order; raises `ChunkNotFound` naming the first missing id."""
+
+    def get_chunk(self, chunk_id: str) -> bytes:
+        return self.get_chunks([chunk_id])[0]
+
+    @abstractmethod
+    def delete_chunks(self, chunk_ids: Iterable[str]) -> int:
+        """Delete chunks (missing ones are ignored); returns how many were deleted."""
+
+    @abstractmethod
+    def list_chunks(self) -> list[str]:
+        """Every chunk id held, for garbage collection and tests."""
+
+    @abstractmethod
+    def put_weights(self, version: int, data: bytes) -> None:
+        """Store a policy version, then announce it as the latest (in that order), and drop
+        versions older than the newest `keep_weight_versions`."""
+
+    @abstractmethod
+    def latest_version(self) -> int | None:
+        """The newest announced policy version, or None before the first publish."""
+
+    @abstractmethod
+    def get_weights(self, version: int | None = None) -> tuple[int, bytes] | None:
+        """(version, bytes) of the given or latest version; None if there is none."""
+
+    def close(self) -> None:  # noqa: B027 - optional for backends without connections
+        """Release connections."""

@@ -1,0 +1,107 @@
+"""Directory backend: the embedded default, and any shared filesystem (NFS, a volume).
+
+Every write goes to a temporary file that is renamed into place, so a reader never sees a
+half-written chunk and a crash mid-write leaves only a `.tmp` file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
+
+_SUFFIX = ".safetensors"
+
+
+class DirectoryStorage(Storage):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.chunk_dir = self.root / "chunks"
+        self.weight_dir = self.root / "weights"
+        try:
+            self.chunk_dir.mkdir(parents=True, exist_ok=True)
+            self.weight_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StorageError(f"cannot create storage directory {self.root}: {err}") from None
+
+    def __repr__(self) -> str:
+        return f"DirectoryStorage({str(self.root)!r})"
+
+    def chunk_path(self, chunk_id: str) -> Path:
+        return self.chunk_dir / f"{validate_id(chunk_id)}{_SUFFIX}"
+
+    def weights_path(self, version: int) -> Path:
+        return self.weight_dir / f"{int(version):012d}{_SUFFIX}"
+
+    @staticmethod
+    def _atomic_write(path: Path, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_chunks(self, chunks: Mapping[str, bytes]) -> None:
+        for chunk_id, data in chunks.items():
+            try:
+                self._atomic_write(self.chunk_path(chunk_id), data)
+            except OSError as err:
+                raise StorageError(f"cannot write chunk '{chunk_id}': {err}") from None
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[bytes]:
+        out = []
+        for chunk_id in chunk_ids:
+            try:
+                out.append(self.chunk_path(chunk_id).read_bytes())
+            except FileNotFoundError:
+                raise ChunkNotFound(chunk_id) from None
+        return out
+
+    def delete_chunks(self, chunk_ids: Iterable[str]) -> int:
+        n = 0
+        for chunk_id in chunk_ids:
+            try:
+                self.chunk_path(chunk_id).unlink()
+                n += 1
+            except FileNotFoundError:
+                continue
+        return n
+
+    def list_chunks(self) -> list[str]:
+        return sorted(p.name[: -len(_SUFFIX)] for p in self.chunk_dir.glob(f"*{_SUFFIX}"))
+
+    def put_weights(self, version: int, data: bytes) -> None:
+        self._atomic_write(self.weights_path(version), data)
+        self._atomic_write(self.weight_dir / "LATEST", str(int(version)).encode())
+        versions = sorted(self._versions())
+        for old in versions[: -self.keep_weight_versions]:
+            self.weights_path(old).unlink(missing_ok=True)
+
+    def _versions(self) -> list[int]:
+        return [int(p.name[: -len(_SUFFIX)]) for p in self.weight_dir.glob(f"*{_SUFFIX}")]
+
+    def latest_version(self) -> int | None:
+        try:
+            return int((self.weight_dir / "LATEST").read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            raise StorageError(f"{self.weight_dir / 'LATEST'} does not hold a version") from None
+
+    def get_weights(self, version: int | None = None) -> tuple[int, bytes] | None:
+        for _ in range(3):  # the latest may be replaced and pruned between two reads
+            v = self.latest_version() if version is None else version
+            if v is None:
+                return None
+            try:
+                return v, self.weights_path(v).read_bytes()
+            except FileNotFoundError:
+                if version is not None:
+                    return None
+        return None

@@ -1,0 +1,205 @@
+"""What every worker service (collector, learner) has in common.
+
+- `WorkerAgent` keeps the worker known to the coordinator: it registers (retrying while the
+  coordinator is not up yet), heartbeats, registers again when a heartbeat gets 404 (the
+  coordinator restarted or declared it dead), and leaves on shutdown.
+- `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
+- `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
+  `POST /task`, the same under gunicorn and the pytest client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, current_app, jsonify
+
+from shared.config import RunConfig, parse_config
+from shared.http import HttpClient, HttpError
+from shared.schemas import (
+    API,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+    Role,
+    TaskAccepted,
+    TaskEnvelope,
+    TaskResult,
+)
+from shared.webapp import install_error_handlers, parse_body
+
+log = logging.getLogger("rlfleet.worker")
+
+
+class WorkerAgent:
+    def __init__(self, coordinator_url: str, role: Role, advertise_url: str,
+                 worker_id: str | None = None,
+                 on_registered: Callable[[RegisterResponse], None] | None = None,
+                 on_stop: Callable[[], None] | None = None,
+                 status: Callable[[], dict[str, float]] | None = None) -> None:
+        self.role = role
+        self.advertise_url = advertise_url
+        self.requested_id = worker_id
+        self.client = HttpClient(coordinator_url, timeout_s=10, retries=3)
+        self.on_registered = on_registered
+        self.on_stop = on_stop
+        self.status = status or dict
+        self.info: RegisterResponse | None = None
+        self.registered = threading.Event()
+        self.stop_requested = threading.Event()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{role.value}-agent",
+                                        daemon=True)
+
+    @property
+    def worker_id(self) -> str | None:
+        return self.info.worker_id if self.info else None
+
+    def start(self) -> WorkerAgent:
+        self._thread.start()
+        return self
+
+    def wait_registered(self, timeout: float | None = None) -> RegisterResponse:
+        if not self.registered.wait(timeout):
+            raise TimeoutError(f"{self.role.value} did not register within {timeout}s")
+        assert self.info is not None
+        return self.info
+
+    def _register(self) -> None:
+        req = RegisterRequest(role=self.role, url=self.advertise_url,
+                              worker_id=self.worker_id or self.requested_id)
+        info = self.client.post(f"{API}/workers", req, RegisterResponse)
+        first = self.info is None
+        self.info = info
+        self.registered.set()
+        log.info("%s as %s with %s", "registered" if first else "registered again",
+                 info.worker_id, self.client.base_url)
+        if self.on_registered:
+            self.on_registered(info)
+
+    def _heartbeat(self) -> None:
+        try:
+            hb = self.client.post(f"{API}/workers/{self.worker_id}/heartbeat",
+                                  HeartbeatRequest(status=self.status()), HeartbeatResponse)
+        except HttpError as err:
+            if err.status == 404:
+                log.warning("coordinator does not know %s any more: registering again",
+                            self.worker_id)
+                self._register()
+                return
+            raise
+        if hb.stop and not self.stop_requested.is_set():
+            self.stop_requested.set()
+            if self.on_stop:
+                self.on_stop()
+
+    def _run(self) -> None:
+        interval = 0.5
+        while not self._closing.is_set():
+            try:
+                if not self.registered.is_set():
+                    self._register()
+                    interval = self.info.heartbeat_interval_s if self.info else 0.5
+                else:
+                    self._heartbeat()
+            except HttpError as err:
+                log.warning("%s could not reach the coordinator: %s", self.role.value, err)
+            self._closing.wait(interval)
+
+    def end_task(self, task_id: str, error: str | None = None) -> None:
+        action = "fail" if error else "finish"
+        try:
+            self.client.post(f"{API}/tasks/{task_id}/{action}",
+                             TaskResult(worker_id=self.worker_id, error=error))
+        except HttpError as err:
+            log.warning("could not report task %s as %sed: %s", task_id, action, err)
+
+    def close(self, leave: bool = True) -> None:
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if leave and self.worker_id:
+            try:
+                self.client.delete(f"{API}/workers/{self.worker_id}", retries=1, timeout_s=3)
+            except HttpError as err:
+                log.info("leaving: %s", err)
+        self.client.close()
+
+
+class WorkerService(ABC):
+    """A role's process-wide state: the agent plus whatever loop the role runs."""
+
+    role: Role
+
+    def __init__(self, coordinator_url: str, advertise_url: str, worker_id: str | None = None,
+                 storage_override: str | None = None) -> None:
+        self.storage_override = storage_override
+        self.config: RunConfig | None = None
+        self.agent = WorkerAgent(coordinator_url, self.role, advertise_url, worker_id,
+                                 on_registered=self._registered, on_stop=self.on_run_stopped,
+                                 status=self.heartbeat_status)
+
+    def _registered(self, info: RegisterResponse) -> None:
+        self.config = parse_config(info.config, "coordinator's config")
+        self.on_registered(info)
+
+    @property
+    def storage_url(self) -> str:
+        assert self.agent.info is not None
+        return self.storage_override or self.agent.info.storage
+
+    def on_registered(self, info: RegisterResponse) -> None:  # noqa: B027 - optional hook
+        """Called after every (re-)registration, on the agent's thread."""
+
+    @abstractmethod
+    def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
+        """Take a task pushed by the coordinator; must return quickly."""
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]:
+        """What `/status` shows."""
+
+    def heartbeat_status(self) -> dict[str, float]:
+        return {}
+
+    def on_run_stopped(self) -> None:  # noqa: B027 - optional hook
+        """The coordinator says the run is over."""
+
+    def start(self) -> WorkerService:
+        self.agent.start()
+        return self
+
+    def close(self) -> None:
+        self.agent.close()
+
+
+def create_worker_app(service: WorkerService) -> Flask:
+    app = Flask(f"rlfleet.{service.role.value}")
+    install_error_handlers(app)
+    app.extensions["rlfleet"] = service
+
+    def svc() -> WorkerService:
+        return current_app.extensions["rlfleet"]
+
+    @app.get("/health")
+    def health():
+        return jsonify({"ok": True, "role": service.role.value})
+
+    @app.get("/status")
+    def status():
+        s = svc()
+        return jsonify({"role": s.role.value, "worker_id": s.agent.worker_id,
+                        "registered": s.agent.registered.is_set(), **s.status()})
+
+    @app.post("/task")
+    def task():
+        envelope = parse_body(TaskEnvelope)
+        return current_app.response_class(svc().accept(envelope).model_dump_json(),
+                                          mimetype="application/json")
+
+    return app
