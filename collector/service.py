@@ -84,16 +84,17 @@ class CollectorService(WorkerService):
     def _run_guarded(self) -> None:
         try:
             self._run()
-        except Exception as err:  # reported to the coordinator, then the process is unhealthy
+        except Exception as err:  # reported to the coordinator, then the process stops
             log.exception("collector loop crashed")
             self.error = f"{type(err).__name__}: {err}"
             if self.task:
                 self.agent.end_task(self.task.task_id, self.error)
+            self.fail()
 
     def _run(self) -> None:
         torch.set_num_threads(1)
-        cfg = self.config
-        assert cfg is not None and self.task is not None
+        cfg = self.wait_config()
+        assert self.task is not None
         storage = open_storage(self.storage_url, cfg.name)
         spec = env_spec(cfg.env)
         seed = self.task.seed

@@ -229,7 +229,11 @@ class Coordinator:
         self._check_task(req.task_id, req.worker_id, TaskKind.COLLECT)
         now = self.clock()
         with self._cond:
-            fresh = [c for c in req.chunks if c.chunk_id not in self.buffer]
+            fresh, seen = [], set()
+            for c in req.chunks:  # an id already held, or listed twice here, counts once
+                if c.chunk_id not in self.buffer and c.chunk_id not in seen:
+                    seen.add(c.chunk_id)
+                    fresh.append(c)
             evicted = self.buffer.insert([Item(c.chunk_id, c.length, c.policy_version, now)
                                           for c in fresh])
             for c in fresh:
@@ -300,7 +304,12 @@ class Coordinator:
             return
         if self.tasks.active(TaskKind.EVALUATE):
             return
-        collectors = sorted(self.members.alive(Role.COLLECTOR), key=lambda w: w.worker_id)
+        # Only collectors whose collect task is running: a worker whose loop failed has no
+        # loop left to run the evaluation on.
+        busy = {r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
+                if r.state is TaskState.RUNNING}
+        collectors = sorted((w for w in self.members.alive(Role.COLLECTOR)
+                             if w.worker_id in busy), key=lambda w: w.worker_id)
         if not collectors:
             return
         worker = collectors[self._eval_rr % len(collectors)]

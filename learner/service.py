@@ -67,6 +67,7 @@ class LearnerService(WorkerService):
             self.error = f"{type(err).__name__}: {err}"
             if self.task:
                 self.agent.end_task(self.task.task_id, self.error)
+            self.fail()
 
     def _publish(self, storage: Storage, learner: DQNLearner) -> None:
         t0 = time.perf_counter()
@@ -90,12 +91,13 @@ class LearnerService(WorkerService):
 
     def _run(self) -> None:
         torch.set_num_threads(1)
-        cfg = self.config
-        assert cfg is not None and self.task is not None
+        cfg = self.wait_config()
+        assert self.task is not None
         storage = open_storage(self.storage_url, cfg.name)
         learner = DQNLearner(cfg.algo, env_spec(cfg.env), seed=self.task.seed)
         # Versions only ever increase, also across learner restarts.
-        self.policy_version = storage.latest_version() or -1
+        latest = storage.latest_version()
+        self.policy_version = -1 if latest is None else latest
         self._publish(storage, learner)
         self.prefetcher = prefetcher = Prefetcher(
             self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,

@@ -252,6 +252,7 @@ def up(args) -> int:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+        _save_evaluations(cluster, run_dir)
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -259,6 +260,23 @@ def up(args) -> int:
                   f"eval_return={summary['eval_return']} env_steps={summary['env_steps']} "
                   f"wall_seconds={summary['wall_seconds']:.1f}")
     return code
+
+
+def _save_evaluations(cluster: LocalCluster, run_dir: Path) -> None:
+    """Keep the coordinator's evaluation history (`GET /api/v1/evaluations`) in
+    `<run-dir>/evaluations.json` before it stops: time-to-threshold figures need it."""
+    coordinator = cluster.coordinator
+    if coordinator is None or coordinator.proc.poll() is not None:
+        return
+    client = HttpClient(coordinator.url, timeout_s=5, retries=1)
+    try:
+        evaluations = client.get(f"{API}/evaluations")["evaluations"]
+    except HttpError as err:
+        print(f"evaluation history not saved: {err}", file=sys.stderr)
+        return
+    finally:
+        client.close()
+    (run_dir / "evaluations.json").write_text(json.dumps(evaluations, indent=2))
 
 
 def _summary(status: dict | None, outcome: str, error: str | None, wall: float, args,

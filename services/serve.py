@@ -8,6 +8,8 @@ requests (a learner's sample request can wait while collectors report).
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,10 @@ class _Gunicorn(BaseApplication):
 
 
 def _start(worker) -> None:
-    worker.wsgi.extensions["rlfleet"].start()
+    service = worker.wsgi.extensions["rlfleet"]
+    # A role whose loop dies takes the server down with it (the master is our parent).
+    service.on_fatal = lambda: os.kill(worker.ppid, signal.SIGTERM)
+    service.start()
 
 
 def _stop(server, worker) -> None:

@@ -45,7 +45,8 @@ def encode_arrays(arrays: Mapping[str, np.ndarray],
         if arr.dtype not in _SUPPORTED:
             raise CodecError(f"array '{name}' has dtype {arr.dtype}, which safetensors cannot "
                              f"store; use one of {sorted(str(d) for d in _SUPPORTED)}")
-        out[name] = np.ascontiguousarray(arr)
+        # np.require keeps a 0-d array 0-d; np.ascontiguousarray would make it shape (1,).
+        out[name] = np.require(arr, requirements="C")
     return _np_save(out, metadata=_check_metadata(metadata))
 
 

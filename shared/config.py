@@ -117,7 +117,7 @@ class RunConfig(_Frozen):
         """A copy with top-level fields replaced, validated like a file would be."""
         data = self.model_dump()
         data.update({k: v for k, v in changes.items() if v is not None})
-        return RunConfig.model_validate(data)
+        return parse_config(data, "overrides")
 
 
 def format_validation_error(err: ValidationError, source: str = "config") -> str:

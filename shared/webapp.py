@@ -54,7 +54,8 @@ def parse_body(model: type[T]) -> T:
 
 
 def install_error_handlers(app: Flask) -> None:
-    app.config.setdefault("MAX_CONTENT_LENGTH", DEFAULT_MAX_BODY)
+    if app.config.get("MAX_CONTENT_LENGTH") is None:  # Flask's default config holds None
+        app.config["MAX_CONTENT_LENGTH"] = DEFAULT_MAX_BODY
 
     @app.errorhandler(BadRequest)
     def _bad(err: BadRequest):

@@ -140,13 +140,26 @@ class WorkerService(ABC):
                  storage_override: str | None = None) -> None:
         self.storage_override = storage_override
         self.config: RunConfig | None = None
+        # Set by whatever serves the app (services/serve.py): how to stop the whole server.
+        self.on_fatal: Callable[[], None] | None = None
+        # Set once the first registration's config is in hand: the coordinator may push a
+        # task before the agent has finished reading the registration's answer.
+        self.configured = threading.Event()
         self.agent = WorkerAgent(coordinator_url, self.role, advertise_url, worker_id,
                                  on_registered=self._registered, on_stop=self.on_run_stopped,
                                  status=self.heartbeat_status)
 
     def _registered(self, info: RegisterResponse) -> None:
         self.config = parse_config(info.config, "coordinator's config")
+        self.configured.set()
         self.on_registered(info)
+
+    def wait_config(self, timeout: float = 30.0) -> RunConfig:
+        """The run's config, waiting for the registration that brings it if need be."""
+        if not self.configured.wait(timeout) or self.config is None:
+            raise TimeoutError(f"{self.role.value} has no config from the coordinator "
+                               f"after {timeout}s")
+        return self.config
 
     @property
     def storage_url(self) -> str:
@@ -173,6 +186,14 @@ class WorkerService(ABC):
     def start(self) -> WorkerService:
         self.agent.start()
         return self
+
+    def fail(self) -> None:
+        """The role's loop died: stop the whole server (the gunicorn master is our parent) so
+        the launcher or the orchestrator sees the crash, rather than a process that answers
+        /health but does no work."""
+        log.error("%s is stopping after a fatal error", self.role.value)
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     def close(self) -> None:
         self.agent.close()

@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make up` (train CartPole on a local cluster until
+# solved) and `make test`. Both create .venv and install the project first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTHON ?= python3.11
+
+.PHONY: install up test test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+up: $(STAMP)
+	$(VENV)/bin/rlfleet up --config configs/cartpole-dqn.yaml --collectors 2
+
+test: $(STAMP)
+	@bash .ci/ensure-redis
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	@bash .ci/ensure-redis
+	$(PY) -m pytest -q -m ''
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) bench/throughput.py
+	$(PY) bench/time_to_solve.py --algo dqn
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,164 @@
+"""What the benchmark scripts share: output conventions, storage handling, CPU accounting.
+
+Conventions: progress goes to stderr; stdout carries the human table (rich) and, as its very
+last line, one JSON object (`emit`), so `python bench/x.py | tail -n1` is machine-readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from rich.console import Console
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+progress = Console(stderr=True, highlight=False)
+
+
+def log(message: str) -> None:
+    progress.print(f"[dim]bench[/] {message}")
+
+
+def print_tables(*tables) -> None:
+    """The human part of stdout; wide enough that the columns are not squeezed in a pipe."""
+    out = Console(width=max(140, shutil.get_terminal_size().columns), highlight=False)
+    for table in tables:
+        out.print(table)
+
+
+def emit(result: dict) -> None:
+    """The machine part of stdout: one JSON object, the very last line."""
+    sys.stdout.flush()
+    print(json.dumps(result, sort_keys=False), flush=True)
+
+
+# -- numbers ------------------------------------------------------------------------------
+
+def median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(statistics.median(present)) if present else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def fmt(value: float | int | None, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# -- storage ------------------------------------------------------------------------------
+
+def is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def clear_storage(url: str, namespace: str) -> None:
+    """Drop one run's data: its Redis keys, or its directory."""
+    if is_redis(url):
+        from shared.storage import RedisStorage
+
+        store = RedisStorage(url, namespace)
+        try:
+            store.clear()
+        finally:
+            store.close()
+    else:
+        shutil.rmtree(url.removeprefix("file://"), ignore_errors=True)
+
+
+# -- CPU accounting (Linux /proc) ---------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its live descendants
+    (a gunicorn master's worker is its child)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+        stack += _children(p)
+    return total
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy since boot (everything but idle and iowait)."""
+    try:
+        with open("/proc/stat") as f:
+            parts = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    return (sum(parts[:8]) - idle) / _TICK
+
+
+class CpuWindow:
+    """CPU used by named process trees, and by everything else on the machine, between
+    `start()` and `stop()`; shown beside a figure so a noisy neighbour is visible."""
+
+    def __init__(self, pids: dict[str, int], include_self: bool = True) -> None:
+        self.pids = pids
+        self.include_self = include_self
+        self.used: dict[str, float] = {}
+        self.others = 0.0
+        self.seconds = 0.0
+
+    def start(self, now: float) -> CpuWindow:
+        self._t0 = now
+        self._cpu0 = self._sample()
+        self._busy0 = machine_busy_s()
+        return self
+
+    def stop(self, now: float) -> CpuWindow:
+        self.seconds = max(now - self._t0, 1e-9)
+        self.used = {name: cpu - self._cpu0[name] for name, cpu in self._sample().items()}
+        self.others = max(0.0, machine_busy_s() - self._busy0 - sum(self.used.values()))
+        return self
+
+    def _sample(self) -> dict[str, float]:
+        cpu = {name: tree_cpu_s(pid) for name, pid in self.pids.items()}
+        if self.include_self:  # this process alone: its children are named in `pids`
+            cpu["bench"] = time.process_time()
+        return cpu
+
+    def cores(self, name: str) -> float:
+        return self.used.get(name, 0.0) / self.seconds
+
+    def others_cores(self) -> float:
+        return self.others / self.seconds
+
+    def describe(self) -> str:
+        parts = [f"{name} {self.cores(name):.2f}" for name in self.used]
+        parts.append(f"others {self.others_cores():.2f}")
+        return ", ".join(parts) + f" cores (of {os.cpu_count()})"

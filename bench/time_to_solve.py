@@ -1,0 +1,231 @@
+"""Time to solve CartPole: the cluster (`rlfleet up`) beside the single-process runner.
+
+For each seed, the whole cluster runs as local processes (`rlfleet up`, a subprocess) until
+the coordinator's evaluation reaches the config's stop value (475), then the single-process
+runner (`services.single.run_single`: the same rollout, buffer, batching and DQN code wired by
+function calls, no HTTP and no storage) trains the same config with the same seed in this
+process. Their ratio is the cost of distribution on this machine, measured in the same run.
+
+    python bench/time_to_solve.py --algo dqn [--seeds 0 1 2] [--collectors 2]
+                                  [--storage DIR_OR_REDIS_URL]
+
+Cluster times: `run_seconds` is the coordinator's clock from its start to the solving
+evaluation; `wall_seconds` is the launcher's, process start-up and shutdown included. The time
+to 195 comes from the coordinator's evaluation history (`<run-dir>/evaluations.json`).
+The last line of stdout is one JSON object (see `summarise`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.table import Table  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    REPO_ROOT,
+    clear_storage,
+    emit,
+    fmt,
+    is_redis,
+    log,
+    median,
+    print_tables,
+    ratio,
+    rounded,
+)
+
+CONFIGS = {"dqn": REPO_ROOT / "configs" / "cartpole-dqn.yaml"}
+EASY_TARGET = 195.0  # CartPole-v0's threshold: an earlier, noisier milestone
+
+
+@dataclass
+class ClusterResult:
+    seed: int
+    solved: bool
+    outcome: str
+    run_s: float | None    # coordinator start -> solving evaluation
+    wall_s: float | None   # launcher start -> cluster stopped (start-up included)
+    t195_s: float | None   # coordinator start -> first evaluation >= 195
+    env_steps: int | None
+    train_iterations: int | None
+    evaluations: int
+    run_dir: Path
+
+
+@dataclass
+class SingleResult:
+    seed: int
+    solved: bool
+    solve_s: float | None
+    t195_s: float | None
+    env_steps: int
+    train_iterations: int
+
+
+def first_reaching(evaluations: list[dict], target: float) -> dict | None:
+    return next((e for e in evaluations if e["return_mean"] >= target), None)
+
+
+def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
+                storage: str | None) -> ClusterResult:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+           "--collectors", str(collectors), "--seed", str(seed), "--run-dir", str(run_dir),
+           "--quiet"]
+    if storage:
+        cmd += ["--storage", storage]
+        if is_redis(storage):  # the run's namespace is its directory's name: start empty
+            clear_storage(storage, run_dir.name[:64])
+    with open(run_dir / "up.log", "wb") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    summary_path, evals_path = run_dir / "summary.json", run_dir / "evaluations.json"
+    if not summary_path.exists():
+        log(f"[red]seed {seed}: rlfleet up exited with {code} and no summary; see "
+            f"{run_dir / 'up.log'}[/]")
+        return ClusterResult(seed, False, f"exit {code}", None, None, None, None, None, 0,
+                             run_dir)
+    summary = json.loads(summary_path.read_text())
+    evaluations = json.loads(evals_path.read_text()) if evals_path.exists() else []
+    if not evals_path.exists():
+        log(f"[yellow]seed {seed}: no evaluations.json: time to {EASY_TARGET:.0f} unknown[/]")
+    easy = first_reaching(evaluations, EASY_TARGET)
+    solved = bool(summary["solved"])
+    return ClusterResult(
+        seed=seed, solved=solved, outcome=summary["outcome"],
+        run_s=summary["run_seconds"] if solved else None,
+        wall_s=summary["wall_seconds"] if solved else None,
+        t195_s=easy["wall_time"] if easy else None,
+        env_steps=summary["env_steps"], train_iterations=summary["train_iterations"],
+        evaluations=len(evaluations), run_dir=run_dir)
+
+
+def run_single_process(config: Path, seed: int) -> SingleResult:
+    from services.single import run_single
+    from shared.config import load_config
+
+    res = run_single(load_config(config).with_overrides(seed=seed))
+    return SingleResult(seed=seed, solved=res.solved,
+                        solve_s=res.wall_seconds if res.solved else None,
+                        t195_s=res.solved_195_s, env_steps=res.env_steps,
+                        train_iterations=res.train_iterations)
+
+
+def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
+          stop_value: float | None) -> Table:
+    t = Table(title=f"time to solve (eval return >= {stop_value:g}): cluster vs single process",
+              caption="cluster t: coordinator start -> solving evaluation; wall: launcher, "
+                      "process start-up included; '-' = not reached within the run's limits",
+              show_lines=False)
+    for name in ("seed", "cluster t→475", "cluster wall", "single t→475", "ratio",
+                 "cluster t→195", "single t→195", "ratio 195", "cluster env steps",
+                 "single env steps", "cluster outcome"):
+        t.add_column(name, justify="right" if name != "cluster outcome" else "left")
+    for c, s in zip(clusters, singles, strict=True):
+        t.add_row(str(c.seed), fmt(c.run_s, ".1f", " s"), fmt(c.wall_s, ".1f", " s"),
+                  fmt(s.solve_s, ".1f", " s"), fmt(ratio(c.run_s, s.solve_s), ".2f", "x"),
+                  fmt(c.t195_s, ".1f", " s"), fmt(s.t195_s, ".1f", " s"),
+                  fmt(ratio(c.t195_s, s.t195_s), ".2f", "x"),
+                  fmt(c.env_steps, ","), fmt(s.env_steps, ","), c.outcome)
+    t.add_section()
+    t.add_row("median", fmt(med["cluster_solve_s"], ".1f", " s"),
+              fmt(med["cluster_wall_s"], ".1f", " s"),
+              fmt(med["single_process_solve_s"], ".1f", " s"), fmt(med["ratio"], ".2f", "x"),
+              fmt(med["cluster_solve_195_s"], ".1f", " s"),
+              fmt(med["single_solve_195_s"], ".1f", " s"), fmt(med["ratio_195"], ".2f", "x"),
+              fmt(med["cluster_env_steps"], ",.0f"), fmt(med["single_env_steps"], ",.0f"),
+              f"{len(med['solved_seeds'])}/{len(clusters)} solved", style="bold")
+    return t
+
+
+def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
+              singles: list[SingleResult]) -> dict:
+    """Medians over seeds; a time is left out of its median when that seed did not reach the
+    target (so `solved_seeds` must be read beside them)."""
+    cluster_s = median(c.run_s for c in clusters)
+    single_s = median(s.solve_s for s in singles)
+    cluster_195 = median(c.t195_s for c in clusters)
+    single_195 = median(s.t195_s for s in singles)
+    return {
+        "cluster_solve_s": rounded(cluster_s),
+        "single_process_solve_s": rounded(single_s),
+        "ratio": rounded(ratio(cluster_s, single_s)),
+        "cluster_solve_195_s": rounded(cluster_195),
+        "solved_seeds": [c.seed for c in clusters if c.solved],
+        "single_solve_195_s": rounded(single_195),
+        "cluster_env_steps": median(c.env_steps for c in clusters),
+        "single_env_steps": median(s.env_steps for s in singles),
+        "cluster_wall_s": rounded(median(c.wall_s for c in clusters)),
+        "ratio_195": rounded(ratio(cluster_195, single_195)),
+        "single_solved_seeds": [s.seed for s in singles if s.solved],
+        "algo": algo,
+        "collectors": collectors,
+        "seeds": [c.seed for c in clusters],
+        "per_seed": [{"seed": c.seed, "cluster_solve_s": c.run_s, "cluster_wall_s": c.wall_s,
+                      "cluster_solve_195_s": c.t195_s, "cluster_env_steps": c.env_steps,
+                      "single_process_solve_s": rounded(s.solve_s),
+                      "single_solve_195_s": rounded(s.t195_s),
+                      "single_env_steps": s.env_steps}
+                     for c, s in zip(clusters, singles, strict=True)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--algo", choices=sorted(CONFIGS), default="dqn")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--collectors", type=int, default=2)
+    p.add_argument("--storage", default=None,
+                   help="directory or redis://host:port/db (default: each run's own dir)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="override the algo's config (default: configs/cartpole-<algo>.yaml)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where run dirs go (default: a fresh temporary directory, kept)")
+    args = p.parse_args(argv)
+
+    from shared.config import load_config
+
+    config = (args.config or CONFIGS[args.algo]).resolve()
+    stop_value = load_config(config).eval.stop_value
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="rlfleet-tts-"))).resolve()
+    stamp = time.strftime("%H%M%S")
+    log(f"config {config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config}"
+        f", seeds {args.seeds}, {args.collectors} collectors, run dirs under {work}")
+
+    clusters: list[ClusterResult] = []
+    singles: list[SingleResult] = []
+    for seed in args.seeds:  # cluster then single per seed: slow drift hits both alike
+        storage = args.storage
+        if storage and not is_redis(storage):  # one fresh directory per run
+            storage = str(Path(storage).resolve() / f"cluster-{seed}-{stamp}")
+        log(f"seed {seed}: cluster ({args.collectors} collectors)...")
+        c = run_cluster(config, seed, args.collectors, work / f"cluster-{seed}", storage)
+        clusters.append(c)
+        if storage:  # a user-given storage is left as it was found
+            clear_storage(storage, c.run_dir.name[:64])
+        log(f"seed {seed}: cluster {c.outcome}: t→{stop_value:g} {fmt(c.run_s, '.1f', ' s')} "
+            f"(wall {fmt(c.wall_s, '.1f', ' s')}), t→195 {fmt(c.t195_s, '.1f', ' s')}, "
+            f"{fmt(c.env_steps, ',')} env steps")
+        log(f"seed {seed}: single process...")
+        s = run_single_process(config, seed)
+        singles.append(s)
+        log(f"seed {seed}: single {'solved' if s.solved else 'not solved'}: "
+            f"t→{stop_value:g} {fmt(s.solve_s, '.1f', ' s')}, t→195 {fmt(s.t195_s, '.1f', ' s')}"
+            f", {s.env_steps:,} env steps")
+
+    result = summarise(args.algo, args.collectors, clusters, singles)
+    print_tables(table(clusters, singles, result, stop_value))
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

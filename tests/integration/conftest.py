@@ -1,0 +1,17 @@
+"""Fixtures of the integration tests (helpers live in `helpers.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .helpers import Processes, wait_for
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+    wait_for(lambda: not procs.leftovers(), 15, "every started process to exit")

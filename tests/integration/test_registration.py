@@ -1,0 +1,148 @@
+"""Registration against a real coordinator and a real collector process.
+
+A worker the coordinator forgot registers again and goes on working: no learner here (the
+replay ratio is switched off so the collector keeps producing chunks on its own), and the
+coordinator forgets the collector in the two ways that happen in practice: it is told the
+worker left (`DELETE /workers/<id>`), and it restarts. Either way the next heartbeat gets 404
+and the collector registers again under the same id, gets a new collect task and reports
+chunks under it. And a task that reaches a worker before its registration finished waits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import requests
+
+from shared.schemas import API
+
+from .helpers import Processes, Service, free_port, small_config, wait_for
+
+
+def _config(tmp: Path) -> Path:
+    return small_config(
+        tmp / "config.yaml",
+        algo={"updates_per_env_step": None},
+        buffer={"capacity": 2048},
+        eval={"every_env_steps": 10_000_000},
+        stop={"max_env_steps": None, "max_wall_s": 120},
+        coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0},
+    )
+
+
+def _start_coordinator(processes: Processes, config: Path, run_dir: Path,
+                       port: int | None = None) -> Service:
+    coordinator = processes.start("coordinator", "coordinator", "--config", str(config),
+                                  "--run-dir", str(run_dir), "--name", "it-reregister",
+                                  port=port)
+    coordinator.wait_healthy()
+    return coordinator
+
+
+def _worker(coordinator: Service, worker_id: str) -> dict:
+    return coordinator.get(f"{API}/workers/{worker_id}")
+
+
+def _collect_tasks(coordinator: Service, worker_id: str) -> list[dict]:
+    return [t for t in coordinator.get(f"{API}/tasks")["tasks"]
+            if t["kind"] == "collect" and t["worker_id"] == worker_id]
+
+
+def _running_task(coordinator: Service, collector: Service, worker_id: str,
+                  not_id: str | None = None) -> str:
+    """Waits until `worker_id` runs a collect task (other than `not_id`) and the collector
+    itself reports it as its task; returns its id."""
+    def running() -> str | None:
+        tasks = [t for t in _collect_tasks(coordinator, worker_id)
+                 if t["state"] == "running" and t["task_id"] != not_id]
+        if len(tasks) == 1 and collector.get("/status")["task_id"] == tasks[0]["task_id"]:
+            return tasks[0]["task_id"]
+        return None
+
+    return wait_for(running, 30, f"{worker_id} to run a new collect task")
+
+
+def _chunks_accepted(coordinator: Service) -> int:
+    return coordinator.get(f"{API}/status")["counters"]["chunks_accepted"]
+
+
+def test_worker_registers_again_after_it_was_removed(processes: Processes, tmp_path: Path):
+    coordinator = _start_coordinator(processes, _config(tmp_path), tmp_path / "run")
+    collector = processes.start("collector", "collector", "--coordinator", coordinator.url,
+                                "--worker-id", "c1")
+    first = _running_task(coordinator, collector, "c1")
+    wait_for(lambda: _chunks_accepted(coordinator) > 0, 30, "the first chunks")
+    assert _worker(coordinator, "c1")["registrations"] == 1
+
+    # An unknown worker's heartbeat is a 404 naming the field: what the agent reacts to.
+    resp = requests.post(f"{coordinator.url}{API}/workers/nobody/heartbeat", json={},
+                         timeout=5)
+    assert resp.status_code == 404 and resp.json()["field"] == "worker_id"
+
+    left = requests.delete(f"{coordinator.url}{API}/workers/c1", timeout=5)
+    assert left.status_code == 200 and left.json()["state"] == "left"
+
+    def registered_again() -> bool:
+        w = _worker(coordinator, "c1")
+        return w["registrations"] == 2 and w["state"] == "alive"
+
+    wait_for(registered_again, 20, "c1 to register again after its heartbeat got 404")
+    second = _running_task(coordinator, collector, "c1", not_id=first)
+    assert second != first
+    tasks = {t["task_id"]: t for t in _collect_tasks(coordinator, "c1")}
+    assert tasks[first]["state"] == "finished"  # leaving ends the worker's tasks
+    assert collector.get("/status")["error"] is None
+
+    # Chunks keep flowing under the new task.
+    before = _chunks_accepted(coordinator)
+    wait_for(lambda: _chunks_accepted(coordinator) > before + 5, 30,
+             "chunks reported under the new task")
+    assert "registering again" in collector.log_tail(200)
+    workers = coordinator.get(f"{API}/workers")["workers"]
+    assert [w["worker_id"] for w in workers] == ["c1"], "the same worker, not a second one"
+
+
+def test_worker_registers_again_after_the_coordinator_restarts(processes: Processes,
+                                                               tmp_path: Path):
+    config, run_dir = _config(tmp_path), tmp_path / "run"
+    coordinator = _start_coordinator(processes, config, run_dir)
+    collector = processes.start("collector", "collector", "--coordinator", coordinator.url,
+                                "--worker-id", "c1")
+    _running_task(coordinator, collector, "c1")
+    wait_for(lambda: _chunks_accepted(coordinator) > 0, 30, "the first chunks")
+
+    assert coordinator.stop() == 0
+    processes.services.remove(coordinator)
+    restarted = _start_coordinator(processes, config, run_dir, port=coordinator.port)
+    assert _chunks_accepted(restarted) == 0, "a fresh coordinator: it knows nothing yet"
+
+    wait_for(lambda: _worker(restarted, "c1")["state"] == "alive", 30,
+             "c1 to register with the restarted coordinator")
+    _running_task(restarted, collector, "c1")
+    wait_for(lambda: _chunks_accepted(restarted) > 5, 30,
+             "chunks reported to the restarted coordinator")
+    assert collector.get("/status")["error"] is None
+    assert collector.proc.poll() is None
+
+
+def test_a_task_that_arrives_before_the_registration_answer_waits_for_it(
+        processes: Processes, tmp_path: Path):
+    """The coordinator pushes a worker's task from another thread as soon as it registers
+    it, so the task can reach the worker before the worker has read the registration's
+    answer (which carries the run's config). Made deterministic here: the task is pushed
+    while no coordinator is up yet; the worker must wait for its config, not crash."""
+    port = free_port()
+    collector = processes.start("collector", "collector", "--coordinator",
+                                f"http://127.0.0.1:{port}", "--worker-id", "c1")
+    collector.wait_healthy()
+    task = {"task": {"kind": "collect", "task_id": "collect-early", "seed": 1}}
+    resp = requests.post(f"{collector.url}/task", json=task, timeout=5)
+    assert resp.status_code == 200 and resp.json()["accepted"] is True
+    status = collector.get("/status")
+    assert status["registered"] is False and status["error"] is None
+
+    coordinator = _start_coordinator(processes, _config(tmp_path), tmp_path / "run",
+                                     port=port)
+    _running_task(coordinator, collector, "c1")
+    wait_for(lambda: _chunks_accepted(coordinator) > 0, 30, "chunks from the collector")
+    assert collector.get("/status")["error"] is None

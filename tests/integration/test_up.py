@@ -1,0 +1,196 @@
+"""`rlfleet up` end to end: a whole local cluster (coordinator, learner, two collectors) run as
+a subprocess, as a user runs it, on directory storage.
+
+Every `rlfleet up` here carries a unique marker in its environment, inherited by every process
+it starts, so each test can prove that nothing it started is left running afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from shared.schemas import API
+
+from .helpers import (
+    REPO,
+    describe,
+    marked_env,
+    marked_pids,
+    proc_cmdline,
+    proc_ppid,
+    small_config,
+    wait_for,
+)
+
+MAX_ENV_STEPS = 15_000
+
+
+class Up:
+    """One `python -m services.cli up ...` subprocess."""
+
+    def __init__(self, *args: str) -> None:
+        self.marker = uuid.uuid4().hex
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "up", *args], cwd=REPO,
+            env=marked_env(self.marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        self.stdout = self.stderr = ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)  # let it stop its children in order
+            try:
+                self.stdout, self.stderr = self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.stdout, self.stderr = self.proc.communicate()
+            pytest.fail(f"rlfleet up did not finish within {timeout}s:\n{self.stderr[-3000:]}")
+        return self.proc.returncode
+
+    def descendants(self) -> list[int]:
+        return [p for p in marked_pids(self.marker) if p != self.proc.pid]
+
+    def assert_no_orphans(self) -> None:
+        try:
+            wait_for(lambda: not self.descendants(), 15,
+                     "every process rlfleet up started to exit")
+        except AssertionError:
+            left = self.descendants()
+            raise AssertionError(f"rlfleet up left processes running: {describe(left)}") \
+                from None
+
+    def kill_leftovers(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        for pid in self.descendants():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def launch():
+    started: list[Up] = []
+
+    def start(*args: str) -> Up:
+        up = Up(*args)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        up.kill_leftovers()
+
+
+def test_up_runs_a_cluster_to_its_budget(launch, tmp_path: Path):
+    config = small_config(tmp_path / "small.yaml")
+    run_dir = tmp_path / "run"
+    up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
+                "--quiet", "--max-env-steps", str(MAX_ENV_STEPS))
+    code = up.wait(timeout=150)
+    assert code in (0, 3), f"exit code {code}:\n{up.stderr[-3000:]}"
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("solved", "eval_return", "env_steps", "train_iterations", "policy_version",
+                "wall_seconds"):
+        assert key in summary, f"summary.json lacks {key}: {summary}"
+    assert summary["solved"] is (code == 0)
+    assert summary["outcome"] == ("solved" if code == 0 else "stopped")
+    assert summary["error"] is None
+    assert summary["env_steps"] >= MAX_ENV_STEPS
+    assert summary["train_iterations"] > 0
+    assert summary["policy_version"] > 0
+    assert summary["eval_return"] is not None and 1 <= summary["eval_return"] <= 500
+    assert 0 < summary["wall_seconds"] < 150
+    assert summary["collectors"] == 2
+    if code == 3:
+        assert summary["stop_reason"] == f"max_env_steps={MAX_ENV_STEPS} reached"
+
+    # The resolved config holds the CLI's budget; the run dir holds the storage and the logs.
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["stop"]["max_env_steps"] == MAX_ENV_STEPS
+    assert resolved["name"] == run_dir.name
+    assert (run_dir / "storage").is_dir()
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"coordinator.log", "learner.log", "collector-1.log", "collector-2.log"} <= logs
+    for name in ("collector-1.log", "collector-2.log", "learner.log"):
+        assert "registered as" in (run_dir / "logs" / name).read_text(), name
+    assert "summary" in up.stderr
+    up.assert_no_orphans()
+
+
+def _collector_master(up: Up, worker_id: str) -> int | None:
+    """The pid `rlfleet up` started for `worker_id` (a gunicorn master; its worker process
+    has the same command line but another parent)."""
+    for pid in up.descendants():
+        if f"--worker-id {worker_id} " in proc_cmdline(pid) + " " and \
+                proc_ppid(pid) == up.proc.pid:
+            return pid
+    return None
+
+
+def _coordinator_url(up: Up) -> str | None:
+    for pid in up.descendants():
+        args = proc_cmdline(pid).split()
+        if "collector" in args and "--coordinator" in args:
+            return args[args.index("--coordinator") + 1]
+    return None
+
+
+def test_up_fails_when_a_collector_dies(launch, tmp_path: Path):
+    config = small_config(tmp_path / "small.yaml", stop={"max_wall_s": 120})
+    run_dir = tmp_path / "run"
+    up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
+                "--quiet", "--max-env-steps", "10000000")
+
+    pid = wait_for(lambda: _collector_master(up, "collector-1"), 60,
+                   "rlfleet up to start collector-1")
+    url = wait_for(lambda: _coordinator_url(up), 30, "the coordinator's URL")
+
+    def collecting() -> bool:
+        status = requests.get(f"{url}{API}/status", timeout=5).json()
+        workers = {w["worker_id"]: w for w in status["workers"]}
+        return workers.get("collector-1", {}).get("status", {}).get("env_steps", 0) > 0
+
+    wait_for(collecting, 60, "collector-1 to collect (its heartbeat reports env steps)")
+    os.kill(pid, signal.SIGKILL)
+
+    code = up.wait(timeout=90)
+    assert code == 1, f"exit code {code}:\n{up.stderr[-3000:]}"
+    assert "collector-1" in up.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "crashed"
+    assert "collector-1" in summary["error"]
+    assert str(pid) in summary["error"]
+    up.assert_no_orphans()
+
+
+@pytest.mark.parametrize("section, change, field", [
+    ("algo", {"batch_sise": 64}, "algo.batch_sise"),
+    ("eval", {"episodes": 0}, "eval.episodes"),
+])
+def test_up_rejects_a_bad_config_naming_the_field(launch, tmp_path: Path, section, change,
+                                                   field):
+    config = small_config(tmp_path / "bad.yaml", **{section: change})
+    run_dir = tmp_path / "run"
+    up = launch("--config", str(config), "--run-dir", str(run_dir), "--quiet")
+    code = up.wait(timeout=60)
+    assert code == 2, f"exit code {code}:\n{up.stderr}"
+    assert field in up.stderr
+    assert str(config) in up.stderr
+    assert "Traceback" not in up.stderr
+    assert not (run_dir / "logs").exists(), "no cluster was started"
+    up.assert_no_orphans()

@@ -1,0 +1,253 @@
+"""Plain helpers for the unit tests (the fixtures built on them live in conftest.py): polling
+with a deadline, free ports, the test config, a fake worker that records pushed tasks, and
+real coordinator processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
+import yaml
+from pydantic import ValidationError
+
+from shared.schemas import TaskEnvelope
+
+REPO = Path(__file__).resolve().parents[2]
+CARTPOLE_DQN = REPO / "configs" / "cartpole-dqn.yaml"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.02,
+             what: str = "condition") -> object:
+    """Poll `condition` until it returns something truthy, or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, released, never listened on)."""
+    return free_port()
+
+
+def make_config(**overrides: dict) -> dict:
+    """configs/cartpole-dqn.yaml with small numbers for tests; `overrides` are merged per
+    section (`algo={"lr": 0.1}` changes one field of `algo`)."""
+    cfg = yaml.safe_load(CARTPOLE_DQN.read_text())
+    cfg["algo"].update(learning_starts=256, ratio_tolerance=1000, updates_per_env_step=0.25)
+    cfg["eval"].update(every_env_steps=512)
+    cfg["coordinator"] = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 60.0,
+                          "task_push_timeout_s": 2.0}
+    cfg["stop"] = {"max_wall_s": 300}
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            cfg.setdefault(section, {}).update(values)
+        else:
+            cfg[section] = values
+    return cfg
+
+
+# -- a fake worker: a real HTTP server that accepts pushed tasks ----------------------------
+
+@dataclass
+class TaskSink:
+    """A real HTTP server on loopback that answers `POST /task` like a worker (after
+    validating the body as a `TaskEnvelope`) and records every task it was sent."""
+
+    server: ThreadingHTTPServer
+    bodies: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @classmethod
+    def start(cls) -> TaskSink:
+        sink: TaskSink
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path != "/task":
+                    self.send_error(404)
+                    return
+                try:  # the coordinator must send what a real worker accepts
+                    TaskEnvelope.model_validate_json(body)
+                except ValidationError as err:
+                    with sink.cond:
+                        sink.errors.append(str(err))
+                    self.send_error(400)
+                    return
+                envelope = json.loads(body)
+                with sink.cond:
+                    sink.bodies.append(envelope)
+                    sink.cond.notify_all()
+                answer = json.dumps({"task_id": envelope["task"]["task_id"],
+                                     "accepted": True}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        sink = cls(server)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                         name="task-sink", daemon=True).start()
+        return sink
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def tasks(self, kind: str | None = None) -> list[dict]:
+        with self.cond:
+            return [b["task"] for b in self.bodies if kind is None or b["task"]["kind"] == kind]
+
+    def wait_task(self, kind: str, timeout_s: float = 10.0) -> dict:
+        """The latest `kind` task, waiting for the first one if none came yet."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while not (found := self.tasks(kind)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {kind} task pushed to {self.url} in {timeout_s}s; "
+                                         f"got {self.bodies}")
+                self.cond.wait(left)
+            return found[-1]
+
+    def expect_none(self, kind: str, within_s: float) -> None:
+        """Asserting an absence needs a window: no `kind` task may arrive within it."""
+        deadline = time.monotonic() + within_s
+        with self.cond:
+            while (left := deadline - time.monotonic()) > 0:
+                assert not self.tasks(kind), f"unexpected {kind} task: {self.tasks(kind)}"
+                self.cond.wait(left)
+            assert not self.tasks(kind), f"unexpected {kind} task: {self.tasks(kind)}"
+
+
+# -- real coordinator processes ------------------------------------------------------------------
+
+@dataclass
+class CoordinatorProc:
+    url: str
+    storage_dir: Path
+    run_dir: Path
+    config: dict
+    proc: subprocess.Popen
+    log_path: Path
+
+    def api(self, path: str) -> str:
+        return f"{self.url}/api/v1{path}"
+
+    def status(self) -> dict:
+        r = requests.get(self.api("/status"), timeout=5, headers={"Connection": "close"})
+        r.raise_for_status()
+        return r.json()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class CoordinatorPool:
+    """Starts `python -m services.cli coordinator` subprocesses on free ports.
+
+    Booting one takes about a second (imports, gunicorn), nearly all of it on one core, so a
+    test module can `prewarm` the coordinators its tests will ask for: they boot side by
+    side, and `take` hands out a booted one with the same overrides. `release` sends SIGTERM;
+    `close` waits for every process (killing one that does not exit).
+    """
+
+    def __init__(self, tmp_dir: Path) -> None:
+        self.tmp_dir = tmp_dir
+        self.spares: list[tuple[dict, CoordinatorProc]] = []
+        self.procs: list[CoordinatorProc] = []
+
+    def prewarm(self, *override_sets: dict) -> None:
+        for overrides in override_sets:
+            self.spares.append((overrides, self._spawn(overrides)))
+
+    def take(self, **overrides: dict) -> CoordinatorProc:
+        """A healthy coordinator with the test config changed by `overrides`."""
+        for i, (spare_overrides, _) in enumerate(self.spares):
+            if spare_overrides == overrides:
+                c = self.spares.pop(i)[1]
+                break
+        else:
+            c = self._spawn(overrides)
+        self._wait_healthy(c)
+        return c
+
+    @staticmethod
+    def release(c: CoordinatorProc) -> None:
+        if c.proc.poll() is None:
+            c.proc.terminate()
+
+    def close(self) -> None:
+        for c in self.procs:
+            self.release(c)
+        for c in self.procs:
+            try:
+                c.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait(timeout=10)
+
+    def _spawn(self, overrides: dict) -> CoordinatorProc:
+        n = len(self.procs)
+        cfg = make_config(**overrides)
+        cfg_path = self.tmp_dir / f"coordinator-{n}.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        port = free_port()
+        run_dir, storage_dir = self.tmp_dir / f"run-{n}", self.tmp_dir / f"storage-{n}"
+        log_path = self.tmp_dir / f"coordinator-{n}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "coordinator", "--config", str(cfg_path),
+                 "--port", str(port), "--run-dir", str(run_dir), "--storage", str(storage_dir),
+                 "--threads", "8"],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        c = CoordinatorProc(f"http://127.0.0.1:{port}", storage_dir, run_dir, cfg, proc,
+                            log_path)
+        self.procs.append(c)
+        return c
+
+    @staticmethod
+    def _wait_healthy(c: CoordinatorProc) -> None:
+        def healthy() -> bool:
+            if c.proc.poll() is not None:
+                raise AssertionError(f"coordinator exited with {c.proc.returncode}:\n{c.log()}")
+            try:
+                return requests.get(f"{c.url}/health", timeout=1,
+                                    headers={"Connection": "close"}).ok
+            except requests.ConnectionError:
+                return False
+
+        wait_for(healthy, timeout_s=30, what="coordinator /health")
