@@ -84,6 +84,8 @@ class CollectorService(WorkerService):
     def _run_guarded(self) -> None:
         try:
             self._run()
+            if self.task:
+                self.agent.end_task(self.task.task_id)
         except Exception as err:  # reported to the coordinator, then the process stops
             log.exception("collector loop crashed")
             self.error = f"{type(err).__name__}: {err}"

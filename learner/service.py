@@ -62,6 +62,8 @@ class LearnerService(WorkerService):
     def _run_guarded(self) -> None:
         try:
             self._run()
+            if self.task:
+                self.agent.end_task(self.task.task_id)
         except Exception as err:  # reported to the coordinator, visible in /status
             log.exception("learner loop crashed")
             self.error = f"{type(err).__name__}: {err}"
@@ -71,11 +73,12 @@ class LearnerService(WorkerService):
 
     def _publish(self, storage: Storage, learner: DQNLearner) -> None:
         t0 = time.perf_counter()
-        self.policy_version += 1
+        version = self.policy_version + 1
         blob = encode_weights(learner.policy_state(),
-                              {"policy_version": str(self.policy_version),
+                              {"policy_version": str(version),
                                "train_iterations": str(learner.train_iterations)})
-        storage.put_weights(self.policy_version, blob)
+        storage.put_weights(version, blob)
+        self.policy_version = version  # only once it is in storage
         self.publish_s += time.perf_counter() - t0
 
     def _report(self, learner: DQNLearner) -> bool:
