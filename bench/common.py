@@ -56,8 +56,10 @@ def fmt(value: float | int | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
+def rounded(value: float | None, digits: int = 3) -> float | int | None:
+    if value is None:
+        return None
+    return int(round(value)) if digits == 0 else round(value, digits)
 
 
 # -- storage ------------------------------------------------------------------------------

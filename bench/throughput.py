@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -46,6 +47,7 @@ from bench.common import (  # noqa: E402
     is_redis,
     log,
     print_tables,
+    progress,
     ratio,
     rounded,
 )
@@ -132,12 +134,14 @@ def fill_memory_replay(cfg: RunConfig, transitions: int, seed: int) -> MemoryRep
     policy = DQNPolicy(env_spec(cfg.env), cfg.algo.hidden_sizes, seed=seed)
     rollout = Rollout(envs, policy, cfg.collector.chunk_size)
     replay = MemoryReplay(UniformBuffer(cfg.buffer.capacity, seed=seed))
-    while len(replay.buffer) < transitions:
+    full = False  # a full buffer may hold a little less than `transitions` (whole chunks)
+    while len(replay.buffer) < transitions and not full:
         chunk = rollout.collect(1.0)
         chunk_id = uuid.uuid4().hex
         replay.chunks[chunk_id] = chunk.arrays
         for gone in replay.buffer.insert([Item(chunk_id, chunk.length, -1, 0.0)]):
             replay.chunks.pop(gone, None)
+            full = True
     envs.close()
     return replay
 
@@ -172,18 +176,43 @@ def update_loop_per_s(cfg: RunConfig, replay: MemoryReplay, seconds: float, seed
 
 # -- the cluster side ---------------------------------------------------------------------
 
-def wait_for(client: HttpClient, what: str, ready, timeout_s: float, child: Child) -> dict:
-    """Poll the coordinator's status until `ready(status)`; fails if the child exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            raise RuntimeError(f"{child.name} exited with {child.proc.returncode} while "
-                               f"waiting for {what}:\n{child.tail()}")
-        status = client.get(f"{API}/status")
-        if ready(status):
-            return status
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out after {timeout_s}s waiting for {what}:\n{child.tail()}")
+class WorkerFailed(RuntimeError):
+    """A worker process that exited, or whose loop reports an error in its /status."""
+
+
+def worker_error(child: Child) -> str | None:
+    if child.proc.poll() is not None:
+        return f"exited with code {child.proc.returncode}"
+    worker = HttpClient(child.url, timeout_s=2, retries=0)
+    try:
+        return worker.get("/status").get("error")
+    except HttpError:
+        return None  # not serving yet
+    finally:
+        worker.close()
+
+
+def start_worker(cluster: LocalCluster, client: HttpClient, role: str, counter: str,
+                 timeout_s: float = 120.0, attempts: int = 2) -> Child:
+    """Start a collector or learner and wait until the coordinator's `counter` moves; a worker
+    whose loop failed is replaced once (and the failure shown), so one bad start does not
+    spoil the run."""
+    for attempt in range(1, attempts + 1):
+        child = cluster.add_collector() if role == "collector" else cluster.start_learner()
+        start = client.get(f"{API}/status")["counters"][counter]
+        deadline = time.monotonic() + timeout_s
+        error = None
+        while time.monotonic() < deadline and error is None:
+            if client.get(f"{API}/status")["counters"][counter] > start:
+                return child
+            error = worker_error(child)
+            time.sleep(0.2)
+        error = error or f"no {counter} within {timeout_s:g} s"
+        log(f"[yellow]{child.name} failed to start (attempt {attempt}/{attempts}): {error}; "
+            f"last lines of {child.log_path}:[/]")
+        progress.print(child.tail(8), markup=False, highlight=False)
+        cluster.stop([child])
+    raise WorkerFailed(f"{role} did not start after {attempts} attempts")
 
 
 @dataclass
@@ -298,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         log("(a) in-process rollout, first half...")
         ceil_a = [rollout_steps_per_s(cfg, half, args.epsilon, args.seed)]
         log("(a) collector: starting...")
-        collector = cluster.add_collector()
-        wait_for(client, "the collector's first chunks",
-                 lambda s: s["counters"]["env_steps"] > 0, 120, collector)
+        collector = start_worker(cluster, client, "collector", "env_steps")
         time.sleep(args.warmup)
         log(f"(a) collector: measuring for {args.seconds:g} s...")
         collect = measure_counter(client, "env_steps", args.seconds, CpuWindow(
@@ -316,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         log("(b) in-process update loop, first half...")
         ceil_b = [update_loop_per_s(cfg, replay, half, args.seed)]
         log("(b) learner: starting...")
-        learner = cluster.start_learner()
-        wait_for(client, "the learner's first iterations",
-                 lambda s: s["counters"]["train_iterations"] > 0, 120, learner)
+        learner = start_worker(cluster, client, "learner", "train_iterations")
         time.sleep(args.warmup)
         log(f"(b) learner: measuring for {args.seconds:g} s...")
         learn = measure_counter(client, "train_iterations", args.seconds, CpuWindow(
@@ -331,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
         cluster.shutdown()
         clear_storage(storage, name)
+    shutil.rmtree(work, ignore_errors=True)  # kept, with the workers' logs, when a run fails
 
     in_a, in_b = mean_rate(ceil_a), mean_rate(ceil_b)
 
