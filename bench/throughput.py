@@ -8,7 +8,7 @@
 (b) Learner: with the buffer filled by (a)'s collector and the collector stopped, one learner
     process trains freely on what the coordinator samples and reads chunks from storage; its
     train iterations/s come from the coordinator's counters. Ceiling: the single-process
-    runner's update loop (`UniformBuffer.sample` -> `learner.batching.assemble` ->
+    runner's update loop (`Replay.sample` -> `learner.batching.assemble` ->
     `DQNLearner.update`, policy refreshed every `publish_every` iterations) fed from memory,
     same batch size, network and buffer size.
 
@@ -52,7 +52,7 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from collector.rollout import Rollout  # noqa: E402
-from coordinator.buffer import Item, UniformBuffer  # noqa: E402
+from coordinator.replay import Replay  # noqa: E402
 from learner.batching import assemble  # noqa: E402
 from learner.dqn import DQNLearner  # noqa: E402
 from services.launcher import Child, LocalCluster  # noqa: E402
@@ -60,7 +60,7 @@ from shared.config import RunConfig, load_config, parse_config  # noqa: E402
 from shared.envs import env_spec, make_vector_env  # noqa: E402
 from shared.http import HttpClient, HttpError  # noqa: E402
 from shared.policies import DQNPolicy  # noqa: E402
-from shared.schemas import API  # noqa: E402
+from shared.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
 LEARNER_GOAL = 0.9     # learner_utilisation the team aims for
@@ -74,7 +74,9 @@ def bench_config(base: Path, name: str, storage: str, epsilon: float) -> RunConf
     data = load_config(base).model_dump(mode="json")
     data["name"] = name
     data["storage"] = storage
-    data["algo"].update(updates_per_env_step=None, eps_start=epsilon, eps_end=epsilon)
+    data["algo"].update(eps_start=epsilon, eps_end=epsilon)
+    for buffer in data["buffers"].values():
+        buffer["rate_limit"]["samples_per_insert"] = None
     data["eval"].update(every_env_steps=10**12, stop_value=None)
     data["stop"] = {"max_env_steps": None, "max_wall_s": None}
     return parse_config(data, "bench config")
@@ -123,8 +125,9 @@ def rollout_steps_per_s(cfg: RunConfig, seconds: float, epsilon: float, seed: in
 
 @dataclass
 class MemoryReplay:
-    """What the single-process runner trains from: chunks in a dict, a UniformBuffer index."""
-    buffer: UniformBuffer
+    """What the single-process runner trains from: chunks in a dict, the coordinator's
+    Replay (buffers and rate limiters) as the index."""
+    replay: Replay
     chunks: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
@@ -133,34 +136,39 @@ def fill_memory_replay(cfg: RunConfig, transitions: int, seed: int) -> MemoryRep
     envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
     policy = DQNPolicy(env_spec(cfg.env), cfg.algo.hidden_sizes, seed=seed)
     rollout = Rollout(envs, policy, cfg.collector.chunk_size)
-    replay = MemoryReplay(UniformBuffer(cfg.buffer.capacity, seed=seed))
+    memory = MemoryReplay(Replay(cfg))
     full = False  # a full buffer may hold a little less than `transitions` (whole chunks)
-    while len(replay.buffer) < transitions and not full:
+    while memory.replay.size() < transitions and not full:
         chunk = rollout.collect(1.0)
         chunk_id = uuid.uuid4().hex
-        replay.chunks[chunk_id] = chunk.arrays
-        for gone in replay.buffer.insert([Item(chunk_id, chunk.length, -1, 0.0)]):
-            replay.chunks.pop(gone, None)
+        memory.chunks[chunk_id] = chunk.arrays
+        _, dead = memory.replay.insert([ChunkMeta(chunk_id=chunk_id, length=chunk.length,
+                                                  policy_version=-1,
+                                                  segments=chunk.segments)], 0)
+        for gone in dead:
+            memory.chunks.pop(gone, None)
             full = True
     envs.close()
-    return replay
+    return memory
 
 
-def update_loop_per_s(cfg: RunConfig, replay: MemoryReplay, seconds: float, seed: int) -> Rate:
+def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed: int) -> Rate:
     """Train iterations/s of the single-process runner's inner loop, fed from memory."""
     torch.set_num_threads(1)
     spec = env_spec(cfg.env)
     learner = DQNLearner(cfg.algo, spec, seed=seed)
     policy = DQNPolicy(spec, cfg.algo.hidden_sizes, seed=seed)
     version = 0
+    n = cfg.learner.batches_per_request
+    plan = memory.replay.plan(SampleRequest(worker_id="bench", batch_size=cfg.algo.batch_size,
+                                            num_batches=n))
 
     def one_request() -> None:
         nonlocal version
-        refs = replay.buffer.sample(cfg.algo.batch_size, cfg.learner.batches_per_request)
-        batches = assemble([replay.chunks[c] for c in refs.chunk_ids], refs.chunk_index,
-                           refs.rows)
+        chunk_ids, parts, _ = memory.replay.sample(plan, n, learner.train_iterations, version)
+        batches = assemble([memory.chunks[c] for c in chunk_ids], parts, n)
         for batch in batches:
-            learner.update(batch)
+            learner.update(batch.data, batch.weights)
             if learner.train_iterations % cfg.learner.publish_every == 0:
                 version += 1
                 policy.load(version, learner.policy_state())

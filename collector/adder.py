@@ -47,7 +47,8 @@ class StorageAdder:
         self._thread.start()
 
     def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
-            episode_returns: list[float], episode_lengths: list[int]) -> str:
+            episode_returns: list[float], episode_lengths: list[int],
+            segments: list[tuple[int, int]] | None = None) -> str:
         chunk_id = uuid.uuid4().hex
         blob = encode_arrays(arrays, {"policy_version": str(policy_version),
                                       "worker_id": self.worker_id() or ""})
@@ -57,7 +58,7 @@ class StorageAdder:
             self._unreported += 1
         self._q.put(ChunkMeta(chunk_id=chunk_id, length=int(len(arrays["reward"])),
                               policy_version=policy_version, episode_returns=episode_returns,
-                              episode_lengths=episode_lengths))
+                              episode_lengths=episode_lengths, segments=segments or []))
         return chunk_id
 
     def _report_loop(self) -> None:

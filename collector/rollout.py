@@ -21,15 +21,31 @@ class Chunk:
     policy_version: int
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    segments: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def length(self) -> int:
         return int(self.arrays["reward"].shape[0])
 
 
+def episode_segments(done: np.ndarray) -> list[tuple[int, int]]:
+    """(start row, length) runs of one episode in an env-major chunk, from done flags of
+    shape (T, n): env i owns rows i*T .. i*T+T-1 and a run ends after every done step."""
+    T, n = done.shape
+    segments = []
+    for i in range(n):
+        start = 0
+        for t in np.flatnonzero(done[:, i]).tolist():
+            segments.append((i * T + start, t + 1 - start))
+            start = t + 1
+        if start < T:
+            segments.append((i * T + start, T - start))
+    return segments
+
+
 class Rollout:
-    """Transitions in env-major order within a step; a chunk holds `chunk_size` transitions
-    (rounded up to whole vector steps so no step is split across chunks)."""
+    """A chunk holds `chunk_size` transitions (rounded up to whole vector steps), stored
+    env-major: each env's steps are contiguous rows, so an episode is a run of rows."""
 
     def __init__(self, envs: gym.vector.VectorEnv, policy: Policy, chunk_size: int) -> None:
         self.envs = envs
@@ -72,15 +88,15 @@ class Rollout:
                 self.ep_length[i] = 0
             self.obs = next_obs
         self.env_steps += T * n
-        arrays = {
-            "obs": obs_buf.reshape(T * n, *obs_buf.shape[2:]),
-            "action": act_buf.reshape(-1),
-            "reward": rew_buf.reshape(-1),
-            "next_obs": next_buf.reshape(T * n, *next_buf.shape[2:]),
-            "terminated": term_buf.reshape(-1),
-            "truncated": trunc_buf.reshape(-1),
-        }
-        return Chunk(arrays, version, returns, lengths)
+        # Env-major rows: each env's T steps are contiguous, so episodes are runs of rows.
+        def env_major(buf: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(buf.swapaxes(0, 1)).reshape(T * n, *buf.shape[2:])
+
+        arrays = {"obs": env_major(obs_buf), "action": env_major(act_buf),
+                  "reward": env_major(rew_buf), "next_obs": env_major(next_buf),
+                  "terminated": env_major(term_buf), "truncated": env_major(trunc_buf)}
+        segments = episode_segments(term_buf | trunc_buf)
+        return Chunk(arrays, version, returns, lengths, segments)
 
 
 def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int,

@@ -122,7 +122,7 @@ class CollectorService(WorkerService):
                                      algo.eps_start, algo.eps_end, algo.eps_decay_steps)
                 chunk = rollout.collect(eps)
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
-                          chunk.episode_lengths)
+                          chunk.episode_lengths, chunk.segments)
                 self.env_steps = rollout.env_steps
                 self.chunks_written = adder.chunks_written
                 self.chunks_reported = adder.chunks_reported

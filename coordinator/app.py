@@ -13,10 +13,10 @@ from shared.webapp import install_error_handlers
 
 
 def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
-               start: bool = True) -> Flask:
+               start: bool = True, resume: bool = False) -> Flask:
     app = Flask("rlfleet.coordinator")
     install_error_handlers(app)
-    coordinator = Coordinator(cfg, storage_url, run_dir)
+    coordinator = Coordinator(cfg, storage_url, run_dir, resume=resume)
     app.extensions["rlfleet"] = coordinator
     app.register_blueprint(bp)
     if start:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify
 
 from coordinator.membership import UnknownWorker
-from coordinator.service import Coordinator, WrongWorker
+from coordinator.replay import UnknownBuffer
+from coordinator.service import Coordinator, RateLimited, WrongWorker
 from coordinator.tasks import UnknownTask
 from shared.schemas import (
     API,
@@ -15,7 +16,9 @@ from shared.schemas import (
     HeartbeatRequest,
     LearnInfo,
     RegisterRequest,
+    SamplePart,
     SampleRequest,
+    SampleResponse,
     TaskResult,
 )
 from shared.webapp import error, parse_body
@@ -44,6 +47,18 @@ def _unknown_task(err: UnknownTask):
 @bp.errorhandler(WrongWorker)
 def _wrong_worker(err: WrongWorker):
     return error(409, str(err), "task_id")
+
+
+@bp.errorhandler(UnknownBuffer)
+def _unknown_buffer(err: UnknownBuffer):
+    return error(404, str(err), err.field)
+
+
+@bp.errorhandler(RateLimited)
+def _rate_limited(err: RateLimited):
+    resp, status = error(429, str(err), None, retry_after_s=err.retry_after_s)
+    resp.headers["Retry-After"] = f"{err.retry_after_s:g}"
+    return resp, status
 
 
 @bp.get("/health")
@@ -120,7 +135,31 @@ def collect_permit():
 
 @bp.post(f"{API}/sample")
 def sample():
-    return _json(coord().sample(parse_body(SampleRequest)))
+    c = coord()
+    chunk_ids, parts, granted, env_steps = c.sample(parse_body(SampleRequest))
+    return _json(SampleResponse(
+        chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
+        train_iterations=c.train_iterations, policy_version=c.policy_version, stop=c.stopped,
+        parts=[SamplePart(
+            buffer=p.buffer, key=p.key, chunk_index=p.chunk_index.tolist(),
+            rows=p.rows.tolist(), item_ids=p.item_ids.tolist(),
+            weights=None if p.weights is None else p.weights.tolist(),
+            sequence_length=p.sequence_length,
+            lengths=None if p.lengths is None else p.lengths.tolist()) for p in parts]))
+
+
+@bp.get(f"{API}/buffers")
+def list_buffers():
+    c = coord()
+    return jsonify({"buffers": c.status()["buffers"]})
+
+
+@bp.get(f"{API}/buffers/<name>")
+def get_buffer(name: str):
+    buffers = coord().status()["buffers"]
+    if name not in buffers:
+        raise UnknownBuffer(name, "name")
+    return jsonify({"name": name, **buffers[name]})
 
 
 @bp.post(f"{API}/learn-info")

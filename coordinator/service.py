@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.buffer import Item, UniformBuffer
 from coordinator.membership import Membership, UnknownWorker, Worker
-from coordinator.ratio import ReplayRatio
+from coordinator.replay import PartRefs, Replay, UnknownBuffer
 from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from shared.config import RunConfig
 from shared.http import HttpClient, HttpError
@@ -44,7 +43,6 @@ from shared.schemas import (
     RegisterResponse,
     Role,
     SampleRequest,
-    SampleResponse,
     TaskAccepted,
     TaskEnvelope,
     TaskKind,
@@ -61,9 +59,17 @@ class WrongWorker(ValueError):
     """A worker acting on a task that belongs to another worker."""
 
 
+class RateLimited(Exception):
+    """Nothing may be sampled now; try again after `retry_after_s`."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"rate limited: retry after {retry_after_s}s")
+        self.retry_after_s = retry_after_s
+
+
 class Coordinator:
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, resume: bool = False) -> None:
         self.cfg = cfg
         self.storage_url = storage_url
         self.run_dir = Path(run_dir) if run_dir else None
@@ -72,15 +78,13 @@ class Coordinator:
         self.started_at = clock()
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.tasks = TaskTable()
-        self.buffer = UniformBuffer(cfg.buffer.capacity, seed=cfg.seed)
-        self.ratio = ReplayRatio(cfg.algo.updates_per_env_step, cfg.algo.learning_starts,
-                                 cfg.algo.ratio_tolerance)
+        self.replay = Replay(cfg)
         # Counters, guarded by `_cond` (whose lock also orders sampling against inserts).
         self._cond = threading.Condition()
         self.env_steps = 0
         self.chunks_accepted = 0
         self.episodes = 0
-        self.granted_iterations = 0
+        self.granted_batches = 0
         self.train_iterations = 0
         self.policy_version = -1
         self.learner_metrics: dict[str, float] = {}
@@ -105,6 +109,10 @@ class Coordinator:
             threading.Thread(target=self._janitor_loop, name="janitor", daemon=True),
         ]
         self._started = False
+        self._last_snapshot = clock()
+        self.snapshots_saved = 0
+        if resume:
+            self.restore()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -125,6 +133,10 @@ class Coordinator:
         if self._started:
             for t in self._threads:
                 t.join(timeout=5)
+        try:
+            self.save_snapshot()
+        except Exception:  # closing must finish; the failure is logged for the operator
+            log.exception("final snapshot failed")
         self.storage.close()
 
     @property
@@ -227,26 +239,19 @@ class Coordinator:
     def report_chunks(self, req: ChunkReport) -> ChunkReportResponse:
         self.members.touch(req.worker_id)
         self._check_task(req.task_id, req.worker_id, TaskKind.COLLECT)
-        now = self.clock()
         with self._cond:
-            fresh, seen = [], set()
-            for c in req.chunks:  # an id already held, or listed twice here, counts once
-                if c.chunk_id not in self.buffer and c.chunk_id not in seen:
-                    seen.add(c.chunk_id)
-                    fresh.append(c)
-            evicted = self.buffer.insert([Item(c.chunk_id, c.length, c.policy_version, now)
-                                          for c in fresh])
+            fresh, dead = self.replay.insert(req.chunks, self.train_iterations)
             for c in fresh:
                 self.env_steps += c.length
                 self.episodes += len(c.episode_returns)
                 self.recent_returns.extend(c.episode_returns)
                 self.recent_lengths.extend(c.episode_lengths)
             self.chunks_accepted += len(fresh)
-            throttle = self.ratio.collector_ahead(self.env_steps, self.granted_iterations)
+            throttle = self.replay.inserts_blocked()
             self._cond.notify_all()
             env_steps = self.env_steps
-        if evicted:
-            self._delete_q.put(evicted)
+        if dead:
+            self._delete_q.put(dead)
         if env_steps >= self.next_eval_at:
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
@@ -257,43 +262,51 @@ class Coordinator:
         deadline = self.clock() + req.wait_s
         with self._cond:
             while (not self.stopped and not self._closing.is_set()
-                   and self.ratio.collector_ahead(self.env_steps, self.granted_iterations)):
+                   and self.replay.inserts_blocked()):
                 left = deadline - self.clock()
                 if left <= 0:
                     return CollectPermitResponse(granted=False, stop=False)
                 self._cond.wait(left)
         return CollectPermitResponse(granted=not self.stopped, stop=self.stopped)
 
-    def sample(self, req: SampleRequest) -> SampleResponse:
+    def sample(self, req: SampleRequest) -> tuple[list[str], list[PartRefs], int, int]:
+        """(chunk ids, parts, batches granted, env steps). Raises `RateLimited` when nothing
+        could be granted within `wait_s`."""
         self.members.touch(req.worker_id)
+        plan = self.replay.plan(req)
         deadline = self.clock() + req.wait_s
         with self._cond:
             while True:
-                grant = min(req.num_batches, self.ratio.grantable(
-                    self.env_steps, self.granted_iterations, len(self.buffer)))
+                grant = self.replay.grantable(plan, req.num_batches)
                 if grant > 0 or self.stopped or self._closing.is_set():
                     break
                 left = deadline - self.clock()
                 if left <= 0:
-                    break
+                    raise RateLimited(0.05)
                 self._cond.wait(left)
             if grant <= 0:
-                return SampleResponse(chunk_ids=[], chunk_index=[], rows=[],
-                                      env_steps=self.env_steps, retry_after_s=0.05,
-                                      stop=self.stopped)
-            refs = self.buffer.sample(req.batch_size, grant)
-            self.granted_iterations += grant
+                return [], [], 0, self.env_steps
+            chunk_ids, parts, dead = self.replay.sample(plan, grant, self.train_iterations,
+                                                        self.policy_version)
+            self.granted_batches += grant
             self._cond.notify_all()  # collectors waiting for the learner may go on
             env_steps = self.env_steps
-        return SampleResponse(chunk_ids=refs.chunk_ids, chunk_index=refs.chunk_index.tolist(),
-                              rows=refs.rows.tolist(), env_steps=env_steps, stop=self.stopped)
+        if dead:
+            self._delete_q.put(dead)
+        return chunk_ids, parts, grant, env_steps
 
     def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
         self.members.touch(req.worker_id)
         with self._cond:
+            self.replay.check_feedback(req.priorities, req.consumed)
             self.train_iterations = max(self.train_iterations, req.train_iterations)
             self.policy_version = max(self.policy_version, req.policy_version)
             self.learner_metrics = dict(req.metrics)
+            self.replay.update_priorities(req.priorities)
+            dead = self.replay.consume(req.consumed)
+            self._cond.notify_all()
+        if dead:
+            self._delete_q.put(dead)
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped)
 
@@ -373,6 +386,47 @@ class Coordinator:
         if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
             self.stop(f"max_wall_s={stop.max_wall_s} reached")
         self._maybe_start_evaluation()
+        every = self.cfg.coordinator.snapshot_interval_s
+        if every is not None and now - self._last_snapshot >= every:
+            self.save_snapshot()
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _counters(self) -> dict:
+        return {"env_steps": self.env_steps, "chunks_accepted": self.chunks_accepted,
+                "episodes": self.episodes, "granted_batches": self.granted_batches,
+                "train_iterations": self.train_iterations,
+                "policy_version": self.policy_version, "next_eval_at": self.next_eval_at,
+                "evaluations": [e.model_dump() for e in self.evaluations],
+                "best_evaluation": (self.best_evaluation.model_dump()
+                                    if self.best_evaluation else None)}
+
+    def save_snapshot(self) -> None:
+        """Buffers' indexes and the run's counters to storage, taken under the lock so they
+        describe one moment."""
+        with self._cond:
+            self.replay.save(self.storage, self._counters())
+            self._last_snapshot = self.clock()
+            self.snapshots_saved += 1
+
+    def restore(self) -> bool:
+        """Continue from the snapshot in storage; False (and a fresh run) if there is none."""
+        with self._cond:
+            counters = self.replay.load(self.storage)
+            if counters is None:
+                log.info("no snapshot in %s: starting a fresh run", self.storage_url)
+                return False
+            for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
+                        "train_iterations", "policy_version", "next_eval_at"):
+                setattr(self, key, int(counters[key]))
+            self.evaluations.extend(EvaluationResult.model_validate(e)
+                                    for e in counters.get("evaluations", []))
+            if counters.get("best_evaluation"):
+                self.best_evaluation = EvaluationResult.model_validate(
+                    counters["best_evaluation"])
+        log.info("restored run at %d env steps, %d items in buffers", self.env_steps,
+                 self.replay.size())
+        return True
 
     def _commander_loop(self) -> None:
         while True:
@@ -418,22 +472,21 @@ class Coordinator:
         latest = self.evaluations[-1].model_dump() if self.evaluations else None
         best = self.best_evaluation.model_dump() if self.best_evaluation else None
         returns = list(self.recent_returns)
+        with self._cond:
+            buffers = self.replay.stats()
         return {
             "run": {"name": self.cfg.name, "state": "stopped" if self.stopped else "running",
                     "stop_reason": self.stop_reason, "solved": self.solved,
                     "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
                     "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url},
             "counters": {"env_steps": self.env_steps, "train_iterations": self.train_iterations,
-                         "granted_iterations": self.granted_iterations,
+                         "granted_batches": self.granted_batches,
                          "policy_version": self.policy_version,
                          "chunks_accepted": self.chunks_accepted, "episodes": self.episodes},
             "rates": {"env_steps_per_s": round(steps_per_s, 1),
                       "train_iterations_per_s": round(iters_per_s, 1)},
-            "buffer": {"kind": self.cfg.buffer.kind, "size": len(self.buffer),
-                       "chunks": self.buffer.num_chunks, "capacity": self.buffer.capacity,
-                       "inserted_chunks": self.buffer.inserted_chunks,
-                       "evicted_chunks": self.buffer.evicted_chunks,
-                       "sampled_items": self.buffer.sampled_items},
+            "buffer": {"size": self.replay.size(), "chunks": len(self.replay.registry)},
+            "buffers": buffers,
             "collect": {"episode_return_mean": float(np.mean(returns)) if returns else None,
                         "episode_length_mean": (float(np.mean(self.recent_lengths))
                                                 if returns else None)},
@@ -445,4 +498,5 @@ class Coordinator:
         }
 
 
-__all__ = ["Coordinator", "UnknownTask", "UnknownWorker", "WrongWorker"]
+__all__ = ["Coordinator", "RateLimited", "UnknownBuffer", "UnknownTask", "UnknownWorker",
+           "WrongWorker"]

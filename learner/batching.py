@@ -1,28 +1,104 @@
 """Turning sample references into training batches with as few numpy calls as possible.
 
-One sample response names U chunks and B batches. The chunks' columns are concatenated once
-(U * chunk_size rows), then each field of every batch is a single fancy-index: no Python loop
-over items.
+One sample response names U chunks and B batches drawn from one or more buffers (parts).
+The chunks' columns are concatenated once (U x chunk rows), then each field of every part is
+a single fancy-index: no Python loop over items. Sequence parts index (B, n, L) rows at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from learner.dqn import BATCH_FIELDS
+DEFAULT_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 
 
-def assemble(chunks: Sequence[Mapping[str, np.ndarray]], chunk_index: np.ndarray,
-             rows: np.ndarray, fields: Sequence[str] = BATCH_FIELDS
-             ) -> list[dict[str, torch.Tensor]]:
-    """`chunks[k]` is the decoded chunk `chunk_index == k` points at; returns one dict of
-    tensors per batch (row of `chunk_index`)."""
+@dataclass
+class Batch:
+    """Tensors for one update, plus what is needed to send priorities back: for each
+    prioritized part, (buffer, item ids, the slice of this batch it occupies)."""
+
+    data: dict[str, torch.Tensor]
+    weights: torch.Tensor | None = None
+    item_refs: list[tuple[str, np.ndarray, slice]] = field(default_factory=list)
+    key: str | None = None
+
+    def __len__(self) -> int:
+        return int(next(iter(self.data.values())).shape[0])
+
+
+def _columns(chunks: Sequence[Mapping[str, np.ndarray]], fields: Sequence[str]
+             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     lengths = np.fromiter((len(c["reward"]) for c in chunks), dtype=np.int64, count=len(chunks))
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    flat = offsets[chunk_index] + rows  # (num_batches, batch_size) into the concatenation
-    columns = {f: np.concatenate([c[f] for c in chunks]) for f in fields}
-    picked = {f: torch.from_numpy(col[flat]) for f, col in columns.items()}
-    return [{f: t[b] for f, t in picked.items()} for b in range(flat.shape[0])]
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(chunks) else lengths
+    return {f: np.concatenate([c[f] for c in chunks]) for f in fields}, offsets
+
+
+def _part_rows(part: Any, offsets: np.ndarray) -> np.ndarray:
+    """Flat row indices into the concatenation: (B, n) or (B, n, L)."""
+    flat = offsets[np.asarray(part.chunk_index, dtype=np.int64)] + np.asarray(part.rows,
+                                                                              dtype=np.int64)
+    if part.sequence_length:
+        flat = flat[..., None] + np.arange(part.sequence_length)
+    return flat
+
+
+def assemble(chunks: Sequence[Mapping[str, np.ndarray]], parts: Sequence[Any],
+             num_batches: int, fields: Sequence[str] = DEFAULT_FIELDS,
+             by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
+    """`chunks[k]` is the decoded chunk that index k of the response names.
+
+    Mix mode (`by_key=False`): batch b is the concatenation of every part's batch b.
+    Dict mode: batch b is {part.key: that part's batch b}.
+    """
+    columns, offsets = _columns(chunks, fields)
+    per_part = []
+    for part in parts:
+        flat = _part_rows(part, offsets)
+        data = {f: torch.from_numpy(col[flat]) for f, col in columns.items()}
+        weights = (None if part.weights is None
+                   else torch.as_tensor(np.asarray(part.weights, dtype=np.float32)))
+        per_part.append((part, data, weights, np.asarray(part.item_ids, dtype=np.int64)))
+
+    if by_key:
+        out_dict: list[dict[str, Batch]] = []
+        for b in range(num_batches):
+            batches = {}
+            for part, data, weights, ids in per_part:
+                n = ids.shape[1]
+                refs = [(part.buffer, ids[b], slice(0, n))] if weights is not None else []
+                batches[part.key] = Batch({f: t[b] for f, t in data.items()},
+                                          None if weights is None else weights[b], refs,
+                                          part.key)
+            out_dict.append(batches)
+        return out_dict
+
+    if len(per_part) == 1:
+        part, data, weights, ids = per_part[0]
+        n = ids.shape[1]
+        return [Batch({f: t[b] for f, t in data.items()},
+                      None if weights is None else weights[b],
+                      [(part.buffer, ids[b], slice(0, n))] if weights is not None else [])
+                for b in range(num_batches)]
+
+    merged = {f: torch.cat([d[f] for _, d, _, _ in per_part], dim=1) for f in fields}
+    any_weights = any(w is not None for _, _, w, _ in per_part)
+    weights_all = None
+    if any_weights:
+        weights_all = torch.cat([w if w is not None else torch.ones(ids.shape, dtype=torch.float32)
+                                 for _, _, w, ids in per_part], dim=1)
+    out: list[Batch] = []
+    for b in range(num_batches):
+        refs, start = [], 0
+        for part, _, w, ids in per_part:
+            n = ids.shape[1]
+            if w is not None:
+                refs.append((part.buffer, ids[b], slice(start, start + n)))
+            start += n
+        out.append(Batch({f: t[b] for f, t in merged.items()},
+                         None if weights_all is None else weights_all[b], refs))
+    return out

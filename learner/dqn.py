@@ -7,6 +7,7 @@ trains in the cluster and in the single-process runner that benchmarks it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,12 @@ from shared.envs import EnvSpec
 from shared.policies import QNetwork
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict[str, torch.Tensor]
+    td_abs: torch.Tensor  # |TD error| per item: the new priorities
 
 
 class DQNLearner:
@@ -30,9 +37,11 @@ class DQNLearner:
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, fused=True)
         self.train_iterations = 0
 
-    def update(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One gradient step on one batch; returns 0-d tensors for `train/` (turned into
-        floats only when reported: `.item()` on every step costs ~10% of the update)."""
+    def update(self, batch: Mapping[str, torch.Tensor],
+               weights: torch.Tensor | None = None) -> UpdateResult:
+        """One gradient step on one batch. `weights` are importance-sampling weights from a
+        prioritized buffer (None: all ones). Metrics stay 0-d tensors until reported:
+        `.item()` on every step costs ~10% of the update."""
         obs, action = batch["obs"], batch["action"].long()
         reward, next_obs = batch["reward"], batch["next_obs"]
         not_done = 1.0 - batch["terminated"].float()
@@ -44,7 +53,10 @@ class DQNLearner:
             target = reward + self.cfg.gamma * not_done * next_q
 
         q = self.q(obs).gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = F.smooth_l1_loss(q, target)
+        if weights is None:
+            loss = F.smooth_l1_loss(q, target)
+        else:
+            loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -54,7 +66,9 @@ class DQNLearner:
         self.train_iterations += 1
         if self.train_iterations % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return {"loss": loss.detach(), "q_mean": q.detach().mean(), "grad_norm": grad_norm}
+        td_abs = (target - q.detach()).abs()
+        return UpdateResult({"loss": loss.detach(), "q_mean": q.detach().mean(),
+                             "grad_norm": grad_norm}, td_abs)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The weights collectors need (the online Q-network)."""

@@ -17,10 +17,10 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from learner.batching import assemble
+from learner.batching import Batch, assemble
 from shared.codec import decode_arrays
 from shared.http import HttpClient, HttpError
-from shared.schemas import API, SampleRequest, SampleResponse
+from shared.schemas import API, MixShare, SampleRequest, SampleResponse
 from shared.storage import ChunkNotFound, Storage
 
 log = logging.getLogger("rlfleet.learner")
@@ -52,13 +52,18 @@ class ChunkCache:
 
 class Prefetcher:
     def __init__(self, client: HttpClient, storage: Storage, worker_id: str, batch_size: int,
-                 batches_per_request: int, depth: int, cache_size: int) -> None:
+                 batches_per_request: int, depth: int, cache_size: int,
+                 mix: list[MixShare] | None = None,
+                 by_buffer: dict[str, int] | None = None) -> None:
         self.client = client
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.batches_per_request = batches_per_request
         self.cache = ChunkCache(storage, cache_size)
-        self.ready: queue.Queue[list[dict[str, torch.Tensor]]] = queue.Queue(maxsize=depth)
+        self.mix = mix
+        self.by_buffer = by_buffer
+        self.ready: queue.Queue[list] = queue.Queue(maxsize=depth)
+        self.rate_limited = 0
         self.stop_run = threading.Event()
         self._closing = threading.Event()
         self.dropped_responses = 0
@@ -70,7 +75,7 @@ class Prefetcher:
         self._thread.start()
         return self
 
-    def get(self, timeout: float) -> list[dict[str, torch.Tensor]] | None:
+    def get(self, timeout: float) -> list[Batch] | list[dict[str, Batch]] | None:
         try:
             return self.ready.get(timeout=timeout)
         except queue.Empty:
@@ -79,19 +84,25 @@ class Prefetcher:
     def _run(self) -> None:
         torch.set_num_threads(1)
         req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
-                            num_batches=self.batches_per_request, wait_s=1.0)
+                            num_batches=self.batches_per_request, wait_s=1.0, mix=self.mix,
+                            by_buffer=self.by_buffer)
         while not self._closing.is_set():
             t0 = time.perf_counter()
             try:
-                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15)
+                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
+                                        retries=0)
             except HttpError as err:
+                if err.status == 429:  # the rate limiter says wait: the buffer is not ready
+                    self.rate_limited += 1
+                    self.sample_wait_s += time.perf_counter() - t0
+                    continue
                 log.warning("sample request failed: %s", err)
                 self._closing.wait(0.5)
                 continue
             self.sample_wait_s += time.perf_counter() - t0
             if resp.stop:
                 self.stop_run.set()
-            if not resp.chunk_ids:
+            if not resp.chunk_ids or resp.num_batches == 0:
                 continue
             t1 = time.perf_counter()
             try:
@@ -101,7 +112,8 @@ class Prefetcher:
                 self.dropped_responses += 1
                 log.info("dropping a sample response: %s", err)
                 continue
-            batches = assemble(chunks, np.asarray(resp.chunk_index), np.asarray(resp.rows))
+            batches = assemble(chunks, resp.parts, resp.num_batches,
+                               by_key=self.by_buffer is not None)
             self.fetch_s += time.perf_counter() - t1
             while not self._closing.is_set():
                 try:

@@ -10,8 +10,10 @@ from typing import Any
 import torch
 
 from learner.dqn import DQNLearner
+from learner.feedback import PriorityFeedback
 from learner.prefetch import Prefetcher
 from shared.codec import encode_weights
+from shared.config import ConfigError
 from shared.envs import env_spec
 from shared.http import HttpError
 from shared.schemas import (
@@ -19,6 +21,7 @@ from shared.schemas import (
     LearnInfo,
     LearnInfoResponse,
     LearnTask,
+    MixShare,
     Role,
     TaskAccepted,
     TaskEnvelope,
@@ -46,6 +49,7 @@ class LearnerService(WorkerService):
         self.wait_s = 0.0
         self.publish_s = 0.0
         self.prefetcher: Prefetcher | None = None
+        self.feedback = PriorityFeedback()
 
     def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
         task = envelope.task
@@ -86,8 +90,10 @@ class LearnerService(WorkerService):
         try:
             resp = self.agent.client.post(f"{API}/learn-info", LearnInfo(
                 worker_id=self.agent.worker_id, train_iterations=learner.train_iterations,
-                policy_version=self.policy_version, metrics=self.metrics), LearnInfoResponse)
+                policy_version=self.policy_version, metrics=self.metrics,
+                priorities=self.feedback.take()), LearnInfoResponse)
         except HttpError as err:
+            # Priorities are soft state: a lost update only leaves older priorities in place.
             log.warning("learn-info not delivered: %s", err)
             return False
         return resp.stop
@@ -97,6 +103,9 @@ class LearnerService(WorkerService):
         cfg = self.wait_config()
         assert self.task is not None
         storage = open_storage(self.storage_url, cfg.name)
+        if cfg.learner.by_buffer is not None:
+            raise ConfigError("learner.by_buffer: DQN learns from one batch per update; "
+                              "use learner.mix to draw from several buffers")
         learner = DQNLearner(cfg.algo, env_spec(cfg.env), seed=self.task.seed)
         # Versions only ever increase, also across learner restarts.
         latest = storage.latest_version()
@@ -105,7 +114,9 @@ class LearnerService(WorkerService):
         self.prefetcher = prefetcher = Prefetcher(
             self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
             cfg.learner.batches_per_request, cfg.learner.prefetch_requests,
-            cfg.learner.chunk_cache).start()
+            cfg.learner.chunk_cache,
+            mix=[MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
+            ).start()
         last_report = 0.0
         step_metrics: dict[str, torch.Tensor] = {}
         try:
@@ -117,7 +128,10 @@ class LearnerService(WorkerService):
                 if batches is None:
                     continue
                 for batch in batches:
-                    step_metrics = learner.update(batch)
+                    result = learner.update(batch.data, batch.weights)
+                    step_metrics = result.metrics
+                    if batch.item_refs:
+                        self.feedback.add(batch, result.td_abs)
                     if learner.train_iterations % cfg.learner.publish_every == 0:
                         self._publish(storage, learner)
                 self.train_iterations = learner.train_iterations

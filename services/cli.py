@@ -59,7 +59,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     storage = args.storage or cfg.storage or str(run_dir / "storage")
     run_dir.mkdir(parents=True, exist_ok=True)
-    serve(lambda: create_app(cfg, storage, run_dir, start=False), args.host, args.port,
+    serve(lambda: create_app(cfg, storage, run_dir, start=False, resume=args.resume),
+          args.host, args.port,
           threads=args.threads)
     return 0
 
@@ -123,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=env("SEED"))
     c.add_argument("--name", default=env("RUN_NAME"), help="run name (storage namespace)")
     c.add_argument("--threads", type=int, default=int(env("THREADS", "16")))
+    c.add_argument("--resume", action="store_true", default=env("RESUME") == "1",
+                   help="continue from the buffers and counters snapshot in storage")
     c.set_defaults(func=cmd_coordinator)
 
     for role in ("collector", "learner"):
@@ -146,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--max-wall-s", type=float, default=None)
     u.add_argument("--max-env-steps", type=int, default=None)
     u.add_argument("--quiet", action="store_true", help="no live progress line")
+    u.add_argument("--collector-nice", type=int, default=5,
+                   help="scheduling niceness of collector processes: on a small machine the "
+                   "learner is the critical path, so collectors yield the CPU to it")
     u.set_defaults(func=cmd_up)
 
     s = sub.add_parser("status", help="print a running cluster as a table")

@@ -10,6 +10,7 @@ a parent-death signal (if the launcher is killed outright, they die with it: no 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -28,8 +29,14 @@ from shared.schemas import API
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def _child_setup(nice: int) -> None:
     """Runs in the child between fork and exec."""
+    if nice:
+        os.nice(nice)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -62,7 +69,9 @@ class Child:
 
 
 class LocalCluster:
-    def __init__(self, config_path: Path, run_dir: Path, storage: str) -> None:
+    def __init__(self, config_path: Path, run_dir: Path, storage: str,
+                 collector_nice: int = 0) -> None:
+        self.collector_nice = collector_nice
         self.config_path = config_path
         self.run_dir = run_dir
         self.storage = storage
@@ -74,14 +83,15 @@ class LocalCluster:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLFLEET_COORDINATOR", None)
 
-    def _spawn(self, name: str, role: str, args: list[str], port: int) -> Child:
+    def _spawn(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
         from services.cli import free_port  # noqa: F401 - same helper the CLI uses
 
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                preexec_fn=_die_with_parent, cwd=os.getcwd())
+                                preexec_fn=functools.partial(_child_setup, nice),
+                                cwd=os.getcwd())
         log.close()
         child = Child(name, role, proc, log_path, port)
         self.children.append(child)
@@ -127,7 +137,7 @@ class LocalCluster:
         self._collector_seq += 1
         name = f"collector-{self._collector_seq}"
         return self._spawn(name, "collector", [*self._worker_args(), "--worker-id", name],
-                           free_port())
+                           free_port(), nice=self.collector_nice)
 
     def crashed(self) -> Child | None:
         for child in self.children:
@@ -190,7 +200,7 @@ def up(args) -> int:
 
     console = Console(stderr=True)
     config_path, run_dir, storage, cfg = _resolve(args)
-    cluster = LocalCluster(config_path, run_dir, storage)
+    cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice)
     started = time.monotonic()
     status: dict | None = None
     outcome, code, error = "stopped", 3, None

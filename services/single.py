@@ -13,12 +13,14 @@ import numpy as np
 import torch
 
 from collector.rollout import Rollout, evaluate
-from coordinator.buffer import Item, UniformBuffer
+from coordinator.replay import Replay
 from learner.batching import assemble
 from learner.dqn import DQNLearner
+from learner.feedback import PriorityFeedback
 from shared.config import RunConfig
 from shared.envs import env_spec, make_vector_env
 from shared.policies import DQNPolicy, linear_epsilon
+from shared.schemas import ChunkMeta, SampleRequest
 
 
 @dataclass
@@ -41,9 +43,12 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
     eval_envs = make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
     policy = DQNPolicy(spec, algo.hidden_sizes, seed=cfg.seed)
     learner = DQNLearner(algo, spec, seed=cfg.seed)
-    buffer = UniformBuffer(cfg.buffer.capacity, seed=cfg.seed)
+    replay = Replay(cfg)  # the coordinator's buffers and rate limiters, called directly
     rollout = Rollout(envs, policy, cfg.collector.chunk_size)
     chunks: dict[str, dict[str, np.ndarray]] = {}
+    request = SampleRequest(worker_id="single", batch_size=algo.batch_size,
+                            num_batches=cfg.learner.batches_per_request)
+    plan = replay.plan(request)
     version = 0
     policy.load(version, learner.policy_state())
     next_eval = cfg.eval.every_env_steps
@@ -51,28 +56,30 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
     solved = False
     t195: float | None = None
     s195: int | None = None
-    ratio = algo.updates_per_env_step or 1.0
     while True:
         eps = linear_epsilon(rollout.env_steps, algo.eps_start, algo.eps_end, algo.eps_decay_steps)
         chunk = rollout.collect(eps)
         chunk_id = uuid.uuid4().hex
         chunks[chunk_id] = chunk.arrays
-        for gone in buffer.insert([Item(chunk_id, chunk.length, chunk.policy_version, 0.0)]):
+        _, dead = replay.insert([ChunkMeta(
+            chunk_id=chunk_id, length=chunk.length, policy_version=chunk.policy_version,
+            segments=chunk.segments)], learner.train_iterations)
+        for gone in dead:
             chunks.pop(gone, None)
+        # Train as much as the rate limiter allows, exactly as the cluster's learner would.
+        while (grant := replay.grantable(plan, request.num_batches)) > 0:
+            chunk_ids, parts, _ = replay.sample(plan, grant, learner.train_iterations, version)
+            batches = assemble([chunks[c] for c in chunk_ids], parts, grant)
+            feedback = PriorityFeedback()
+            for batch in batches:
+                result = learner.update(batch.data, batch.weights)
+                if batch.item_refs:
+                    feedback.add(batch, result.td_abs)
+                if learner.train_iterations % cfg.learner.publish_every == 0:
+                    version += 1
+                    policy.load(version, learner.policy_state())
+            replay.update_priorities(feedback.take())
         steps = rollout.env_steps
-        if steps >= algo.learning_starts:
-            owed = int((steps - algo.learning_starts) * ratio) - learner.train_iterations
-            while owed > 0:
-                nb = min(owed, cfg.learner.batches_per_request)
-                refs = buffer.sample(algo.batch_size, nb)
-                batches = assemble([chunks[c] for c in refs.chunk_ids], refs.chunk_index,
-                                   refs.rows)
-                for batch in batches:
-                    learner.update(batch)
-                    if learner.train_iterations % cfg.learner.publish_every == 0:
-                        version += 1
-                        policy.load(version, learner.policy_state())
-                owed -= nb
         if steps >= next_eval:
             next_eval += cfg.eval.every_env_steps
             returns, _ = evaluate(eval_envs, policy, cfg.eval.episodes, cfg.seed + steps)

@@ -23,13 +23,24 @@ def print_status(coordinator_url: str) -> int:
     ev = s.get("latest_evaluation")
     head = Table(title=f"run {run['name']}: {run['state']}"
                  + (f" ({run['stop_reason']})" if run["stop_reason"] else ""))
-    for col in ("env steps", "steps/s", "train it", "it/s", "policy", "buffer", "last eval"):
+    for col in ("env steps", "steps/s", "train it", "it/s", "policy", "chunks", "last eval"):
         head.add_column(col, justify="right")
     head.add_row(f"{c['env_steps']:,}", f"{r['env_steps_per_s']:,.0f}",
                  f"{c['train_iterations']:,}", f"{r['train_iterations_per_s']:,.0f}",
-                 str(c["policy_version"]), f"{b['size']:,}/{b['capacity']:,}",
+                 str(c["policy_version"]), f"{b['chunks']:,}",
                  f"{ev['return_mean']:.1f}" if ev else "-")
     console.print(head)
+    buffers = Table(title="buffers")
+    for col in ("name", "kind", "size", "inserts/s", "samples/s", "uses mean/max",
+                "staleness", "evicted", "dropped"):
+        buffers.add_column(col, justify="right")
+    for name, st in s.get("buffers", {}).items():
+        buffers.add_row(name, str(st["kind"]), f"{st['size']:,.0f}/{st['capacity']:,.0f}",
+                        f"{st['inserts_per_s']:,.0f}", f"{st['samples_per_s']:,.0f}",
+                        f"{st['use_count_mean']:.1f}/{st['use_count_max']:.0f}",
+                        f"{st['staleness_mean']:.0f}", f"{st['evicted_items']:,.0f}",
+                        f"{st['dropped_items']:,.0f}")
+    console.print(buffers)
     workers = Table(title="workers")
     for col in ("id", "role", "state", "url", "last heartbeat"):
         workers.add_column(col)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from safetensors import SafetensorError
 from safetensors.numpy import load as _np_load
 from safetensors.numpy import save as _np_save
-from safetensors.torch import load as _torch_load
-from safetensors.torch import save as _torch_save
+
+if TYPE_CHECKING:  # torch loads with the first weights call; the coordinator never makes one
+    import torch
 
 _SUPPORTED = {np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "int32", "int64",
                                     "uint16", "uint32", "uint64", "float16", "float32",
@@ -58,11 +59,15 @@ def decode_arrays(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def encode_weights(state: Mapping[str, torch.Tensor],
                    metadata: Mapping[str, str] | None = None) -> bytes:
+    from safetensors.torch import save as _torch_save
+
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     return _torch_save(tensors, metadata=_check_metadata(metadata))
 
 
 def decode_weights(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors.torch import load as _torch_load
+
     meta = read_metadata(blob)
     return _safe(_torch_load, blob), meta
 

@@ -8,6 +8,7 @@ and every error names the dotted path of the offending field.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,13 +43,8 @@ class DQNConfig(_Frozen):
     eps_end: float = Field(0.05, ge=0, le=1)
     eps_decay_steps: int = Field(10_000, ge=1, description="global env steps over which epsilon "
                                  "decays linearly")
-    learning_starts: int = Field(1000, ge=0, description="env steps in the buffer before the "
-                                 "first update")
-    updates_per_env_step: float | None = Field(
-        0.25, gt=0, description="replay ratio the coordinator holds learners and collectors to "
-        "(train iterations per env step); null lets both run free")
-    ratio_tolerance: int = Field(2000, ge=1, description="train iterations either side of the "
-                                 "replay ratio before the side that is ahead is made to wait")
+    priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| to make a "
+                                "priority, so no item is never replayed again")
 
 
 class CollectorConfig(_Frozen):
@@ -57,14 +53,57 @@ class CollectorConfig(_Frozen):
                                      "to be batched into one report")
     policy_check_interval_s: float = Field(0.02, ge=0, description="minimum time between two "
                                            "looks for a newer policy version")
+    insert_into: tuple[str, ...] | None = Field(None, description="buffers that receive "
+                                                "collected chunks; null: all of them")
+
+
+class RateLimitConfig(_Frozen):
+    """Reverb-style: sampling starts at `min_size` items and then holds sampled items near
+    `samples_per_insert` x inserted items, within `error_buffer` items either way."""
+
+    min_size: int = Field(1, ge=1, description="items held before the first sample")
+    samples_per_insert: float | None = Field(
+        None, gt=0, description="items sampled per item inserted (replay ratio x batch size "
+        "per env step); null lets learners and collectors run free")
+    error_buffer: float = Field(64_000, gt=0, description="how many items sampling may run "
+                                "ahead of or behind the ratio before one side waits")
+
+
+BufferKind = Literal["uniform", "prioritized", "episode", "queue"]
 
 
 class BufferConfig(_Frozen):
-    kind: Literal["uniform"] = "uniform"
-    capacity: int = Field(100_000, ge=1, description="transitions kept; oldest chunks evicted")
+    kind: BufferKind = "uniform"
+    capacity: int = Field(100_000, ge=1, description="transitions held; the oldest go first")
+    # uniform
+    replacement: bool = Field(True, description="uniform: may one request repeat an item")
+    sample_range: int | None = Field(None, ge=1, description="uniform: sample only the "
+                                     "newest N items")
+    # prioritized
+    alpha: float = Field(0.6, ge=0, description="prioritized: priority exponent")
+    beta: float = Field(0.4, ge=0, le=1, description="prioritized: initial IS exponent")
+    beta_final: float = Field(1.0, ge=0, le=1)
+    beta_anneal_iterations: int = Field(100_000, ge=1, description="train iterations over "
+                                        "which beta goes to beta_final")
+    # episode
+    sequence_length: int = Field(1, ge=1, description="episode: rows per sampled sequence")
+    # queue
+    max_policy_lag: int | None = Field(None, ge=0, description="queue: chunks acted by a "
+                                       "policy older than this many versions are dropped")
+    rate_limit: RateLimitConfig = RateLimitConfig()
+
+
+class MixPart(_Frozen):
+    buffer: str
+    fraction: float = Field(gt=0, le=1)
 
 
 class LearnerConfig(_Frozen):
+    mix: tuple[MixPart, ...] = Field(
+        (MixPart(buffer="replay", fraction=1.0),), description="one batch drawn from these "
+        "buffers in these fractions (they must sum to 1)")
+    by_buffer: dict[str, int] | None = Field(
+        None, description="instead of mix: one batch per buffer, of this batch size")
     publish_every: int = Field(10, ge=1, description="train iterations between policy versions")
     batches_per_request: int = Field(32, ge=1, le=1024, description="batches one sample "
                                      "request carries")
@@ -90,6 +129,8 @@ class CoordinatorConfig(_Frozen):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(10.0, gt=0)
     task_push_timeout_s: float = Field(5.0, gt=0)
+    snapshot_interval_s: float | None = Field(30.0, gt=0, description="how often buffers' "
+                                              "indexes and counters are saved to storage")
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> CoordinatorConfig:
@@ -105,13 +146,51 @@ class RunConfig(_Frozen):
     env: EnvConfig = EnvConfig()
     algo: DQNConfig = DQNConfig()
     collector: CollectorConfig = CollectorConfig()
-    buffer: BufferConfig = BufferConfig()
+    buffers: dict[str, BufferConfig] = Field(
+        default_factory=lambda: {"replay": BufferConfig()},
+        description="named replay buffers; every chunk goes into each of "
+        "collector.insert_into (default: all)")
     learner: LearnerConfig = LearnerConfig()
     eval: EvalConfig = EvalConfig()
     stop: StopConfig = StopConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     storage: str | None = Field(None, description="directory path or redis://host:port/db; "
                                 "default: <run-dir>/storage")
+
+    @model_validator(mode="after")
+    def _buffers_exist(self) -> RunConfig:
+        if not self.buffers:
+            raise ValueError("buffers: at least one buffer is needed")
+        names = set(self.buffers)
+        for name in self.buffers:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
+                raise ValueError(f"buffers: name {name!r} must be letters, digits, _ . -")
+        for part in self.learner.mix:
+            if part.buffer not in names:
+                raise ValueError(f"learner.mix names buffer {part.buffer!r}, not one of "
+                                 f"{sorted(names)}")
+        for part in self.learner.mix:
+            share = max(1, round(part.fraction * self.algo.batch_size))
+            bcfg = self.buffers[part.buffer]
+            items = share * (bcfg.sequence_length if bcfg.kind == "episode" else 1)
+            if bcfg.rate_limit.samples_per_insert is not None and \
+                    bcfg.rate_limit.error_buffer < items:
+                raise ValueError(
+                    f"buffers.{part.buffer}.rate_limit.error_buffer="
+                    f"{bcfg.rate_limit.error_buffer} is smaller than the {items} items of one "
+                    "batch: learners and collectors would wait for each other forever")
+        total = sum(p.fraction for p in self.learner.mix)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"learner.mix fractions sum to {total}, not 1")
+        for name in self.learner.by_buffer or {}:
+            if name not in names:
+                raise ValueError(f"learner.by_buffer names buffer {name!r}, not one of "
+                                 f"{sorted(names)}")
+        for name in self.collector.insert_into or ():
+            if name not in names:
+                raise ValueError(f"collector.insert_into names buffer {name!r}, not one of "
+                                 f"{sorted(names)}")
+        return self
 
     def with_overrides(self, **changes: Any) -> RunConfig:
         """A copy with top-level fields replaced, validated like a file would be."""

@@ -43,7 +43,8 @@ class Adder(Protocol):
     """How a collector hands experience over: write the chunk, then announce it."""
 
     def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
-            episode_returns: list[float], episode_lengths: list[int]) -> str:
+            episode_returns: list[float], episode_lengths: list[int],
+            segments: list[tuple[int, int]] | None = None) -> str:
         """Store one chunk and queue its metadata; returns the chunk id."""
 
     def flush(self) -> None:

@@ -123,12 +123,23 @@ class ChunkMeta(Request):
     policy_version: int = Field(ge=-1, description="-1: acted before any published version")
     episode_returns: list[float] = Field(default_factory=list, max_length=100_000)
     episode_lengths: list[int] = Field(default_factory=list, max_length=100_000)
+    segments: list[tuple[int, int]] = Field(
+        default_factory=list, max_length=100_000, description="(start row, length) runs of "
+        "rows from one episode, in time order; empty means the whole chunk is one run")
 
     @model_validator(mode="after")
-    def _episodes_match(self) -> ChunkMeta:
+    def _consistent(self) -> ChunkMeta:
         if len(self.episode_returns) != len(self.episode_lengths):
             raise ValueError(f"episode_returns has {len(self.episode_returns)} entries but "
                              f"episode_lengths has {len(self.episode_lengths)}")
+        covered = 0
+        for start, n in sorted(self.segments):
+            if start != covered or n < 1:
+                raise ValueError(f"segments must tile rows 0..{self.length - 1} without gaps "
+                                 f"or overlaps; found ({start}, {n}) after row {covered - 1}")
+            covered += n
+        if self.segments and covered != self.length:
+            raise ValueError(f"segments cover {covered} rows but the chunk has {self.length}")
         return self
 
 
@@ -148,24 +159,77 @@ class ChunkReportResponse(Response):
 
 # -- sampling and learning (learner <-> coordinator) ----------------------------------------
 
+class MixShare(Request):
+    buffer: Id
+    fraction: float = Field(gt=0, le=1)
+
+
 class SampleRequest(Request):
     worker_id: Id
-    batch_size: int = Field(ge=1, le=65_536)
+    batch_size: int = Field(ge=1, le=65_536, description="items per batch (with `mix`)")
     num_batches: int = Field(ge=1, le=1024)
     wait_s: float = Field(0.0, ge=0, le=30, description="how long to wait for the buffer or "
-                          "the replay ratio before answering with fewer (or no) batches")
+                          "the rate limiter before answering 429")
+    mix: list[MixShare] | None = Field(None, min_length=1, max_length=16, description="draw "
+                                       "each batch from these buffers in these fractions")
+    by_buffer: dict[str, int] | None = Field(None, min_length=1, max_length=16, description="or:"
+                                             " one batch per buffer, of this size")
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> SampleRequest:
+        if self.mix is not None and self.by_buffer is not None:
+            raise ValueError("give either mix or by_buffer, not both")
+        if self.mix is not None:
+            total = sum(m.fraction for m in self.mix)
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"mix fractions sum to {total}, not 1")
+        for name, size in (self.by_buffer or {}).items():
+            if not 1 <= size <= 65_536:
+                raise ValueError(f"by_buffer.{name}: batch size {size} must be in 1..65536")
+        return self
+
+
+class SamplePart(Response):
+    """The items one buffer contributed: batch b, item i is row `rows[b][i]` (the first row
+    of a sequence when `sequence_length` is set; a whole chunk when `lengths` is set) of
+    chunk `chunk_ids[chunk_index[b][i]]` of the response."""
+
+    buffer: str
+    key: str | None = Field(None, description="by_buffer mode: the batch this part is")
+    chunk_index: list[list[int]]
+    rows: list[list[int]]
+    item_ids: list[list[int]]
+    weights: list[list[float]] | None = None
+    sequence_length: int | None = None
+    lengths: list[int] | None = None
 
 
 class SampleResponse(Response):
-    """Batches as references: `chunk_ids` lists each chunk once; batch b, item i is row
-    `rows[b][i]` of chunk `chunk_ids[chunk_index[b][i]]`."""
-
     chunk_ids: list[str]
-    chunk_index: list[list[int]]
-    rows: list[list[int]]
+    parts: list[SamplePart]
+    num_batches: int
     env_steps: int
-    retry_after_s: float = 0.0
+    train_iterations: int = 0
+    policy_version: int = -1
     stop: bool = False
+
+
+class PriorityUpdate(Request):
+    buffer: Id
+    item_ids: list[int] = Field(max_length=1_000_000)
+    priorities: list[float] = Field(max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> PriorityUpdate:
+        if len(self.item_ids) != len(self.priorities):
+            raise ValueError(f"{len(self.item_ids)} item_ids but {len(self.priorities)} "
+                             "priorities")
+        return self
+
+
+class Consumed(Request):
+    buffer: Id
+    chunk_ids: list[Id] = Field(max_length=100_000)
 
 
 class LearnInfo(Request):
@@ -173,6 +237,8 @@ class LearnInfo(Request):
     train_iterations: int = Field(ge=0)
     policy_version: int = Field(ge=-1)
     metrics: dict[str, float] = Field(default_factory=dict, max_length=256)
+    priorities: list[PriorityUpdate] = Field(default_factory=list, max_length=64)
+    consumed: list[Consumed] = Field(default_factory=list, max_length=64)
 
 
 class LearnInfoResponse(Response):

@@ -75,5 +75,13 @@ class Storage(ABC):
     def get_weights(self, version: int | None = None) -> tuple[int, bytes] | None:
         """(version, bytes) of the given or latest version; None if there is none."""
 
+    @abstractmethod
+    def put_blob(self, name: str, data: bytes) -> None:
+        """Write a named blob (snapshots, run state): replaced atomically as a whole."""
+
+    @abstractmethod
+    def get_blob(self, name: str) -> bytes | None:
+        """A named blob, or None."""
+
     def close(self) -> None:  # noqa: B027 - optional for backends without connections
         """Release connections."""

@@ -21,7 +21,10 @@ class DirectoryStorage(Storage):
         self.root = Path(root)
         self.chunk_dir = self.root / "chunks"
         self.weight_dir = self.root / "weights"
+        self.blob_dir = self.root / "blobs"
+        self._published: list[int] | None = None
         try:
+            self.blob_dir.mkdir(parents=True, exist_ok=True)
             self.chunk_dir.mkdir(parents=True, exist_ok=True)
             self.weight_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -76,12 +79,29 @@ class DirectoryStorage(Storage):
     def list_chunks(self) -> list[str]:
         return sorted(p.name[: -len(_SUFFIX)] for p in self.chunk_dir.glob(f"*{_SUFFIX}"))
 
+    def put_blob(self, name: str, data: bytes) -> None:
+        try:
+            self._atomic_write(self.blob_dir / validate_id(name), data)
+        except OSError as err:
+            raise StorageError(f"cannot write blob '{name}': {err}") from None
+
+    def get_blob(self, name: str) -> bytes | None:
+        try:
+            return (self.blob_dir / validate_id(name)).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def put_weights(self, version: int, data: bytes) -> None:
         self._atomic_write(self.weights_path(version), data)
         self._atomic_write(self.weight_dir / "LATEST", str(int(version)).encode())
-        versions = sorted(self._versions())
-        for old in versions[: -self.keep_weight_versions]:
-            self.weights_path(old).unlink(missing_ok=True)
+        # Learners publish tens of times a second: list the directory once, then prune from
+        # memory rather than globbing on every publish.
+        if self._published is None:
+            self._published = sorted(self._versions())
+        else:
+            self._published.append(int(version))
+        while len(self._published) > self.keep_weight_versions:
+            self.weights_path(self._published.pop(0)).unlink(missing_ok=True)
 
     def _versions(self) -> list[int]:
         return [int(p.name[: -len(_SUFFIX)]) for p in self.weight_dir.glob(f"*{_SUFFIX}")]

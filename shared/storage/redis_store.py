@@ -34,6 +34,9 @@ class RedisStorage(Storage):
     def key_weights(self, version: int) -> str:
         return f"{self.prefix}weights:{int(version)}"
 
+    def key_blob(self, name: str) -> str:
+        return f"{self.prefix}blob:{validate_id(name)}"
+
     @property
     def key_latest(self) -> str:
         return f"{self.prefix}weights:latest"
@@ -87,6 +90,12 @@ class RedisStorage(Storage):
     def list_chunks(self) -> list[str]:
         members = self._call("list_chunks", self.client.smembers, self.key_chunk_index)
         return sorted(m.decode() for m in members)
+
+    def put_blob(self, name: str, data: bytes) -> None:
+        self._call("put_blob", self.client.set, self.key_blob(name), data)
+
+    def get_blob(self, name: str) -> bytes | None:
+        return self._call("get_blob", self.client.get, self.key_blob(name))
 
     def put_weights(self, version: int, data: bytes) -> None:
         version = int(version)

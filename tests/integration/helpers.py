@@ -81,7 +81,8 @@ def small_config(path: Path, **sections: dict) -> Path:
     """configs/cartpole-dqn.yaml with a small budget, plus per-section overrides."""
     data = yaml.safe_load(BASE_CONFIG.read_text())
     data = _merge(data, {
-        "algo": {"learning_starts": 500, "eps_decay_steps": 4000},
+        "algo": {"eps_decay_steps": 4000},
+        "buffers": {"replay": {"rate_limit": {"min_size": 500}}},
         "eval": {"every_env_steps": 2000, "episodes": 4, "num_envs": 4, "stop_value": None},
         "stop": {"max_env_steps": 20_000, "max_wall_s": 150},
     })

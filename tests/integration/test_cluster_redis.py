@@ -61,7 +61,7 @@ def _sample(run: Run) -> dict:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster-redis")
     name = f"it-redis-{uuid.uuid4().hex[:8]}"
-    config = small_config(tmp / "config.yaml", buffer={"capacity": CAPACITY},
+    config = small_config(tmp / "config.yaml", buffers={"replay": {"capacity": CAPACITY}},
                           collector={"chunk_size": CHUNK_SIZE},
                           stop={"max_env_steps": MAX_ENV_STEPS})
     storage = RedisStorage(REDIS_URL, name)
@@ -150,6 +150,7 @@ def test_collector_registered_and_got_a_collect_task(run: Run):
 def test_chunks_went_through_redis_and_were_reported(run: Run):
     status = run.status()
     counters, buffer = status["counters"], status["buffer"]
+    replay = status["buffers"]["replay"]
     assert status["run"]["state"] == "stopped"
     assert status["run"]["stop_reason"] == f"max_env_steps={MAX_ENV_STEPS} reached"
     assert status["run"]["storage"] == REDIS_URL
@@ -157,8 +158,12 @@ def test_chunks_went_through_redis_and_were_reported(run: Run):
     assert counters["env_steps"] >= MAX_ENV_STEPS
     assert counters["env_steps"] == counters["chunks_accepted"] * CHUNK_SIZE
     assert counters["episodes"] > 0
-    assert 0 < buffer["size"] <= CAPACITY + CHUNK_SIZE
-    assert buffer["inserted_chunks"] == counters["chunks_accepted"]
+    # one buffer: the total is its size; far more went through than the ring holds
+    assert buffer["size"] == replay["size"] == replay["capacity"] == CAPACITY
+    assert replay["kind"] == "uniform"
+    assert replay["inserted_chunks"] == counters["chunks_accepted"]
+    assert replay["inserted_items"] == counters["env_steps"]
+    assert replay["inserted_items"] - replay["evicted_items"] == replay["size"]
 
     # The collector wrote what the coordinator accepted: nothing lost, nothing counted twice.
     c = run.collector_status
@@ -167,9 +172,10 @@ def test_chunks_went_through_redis_and_were_reported(run: Run):
     assert c["error"] is None
 
     # Redis holds exactly the buffer's chunks: the same count, and their rows add up to the
-    # buffer's size; every other chunk ever written was evicted and deleted.
+    # buffer's size (chunks of 128 rows fill the ring of 2048 exactly, so none is held in
+    # part); every other chunk ever written was released and deleted.
     ids = run.storage.list_chunks()
-    assert len(ids) == buffer["chunks"] == buffer["inserted_chunks"] - buffer["evicted_chunks"]
+    assert len(ids) == buffer["chunks"] == replay["inserted_chunks"] - replay["released_chunks"]
     rows = 0
     for blob in run.storage.get_chunks(ids):
         arrays, meta = decode_arrays(blob)
@@ -182,7 +188,7 @@ def test_chunks_went_through_redis_and_were_reported(run: Run):
 
 def test_eviction_deletes_chunks_from_redis(run: Run):
     status = run.status()
-    evicted = status["buffer"]["evicted_chunks"]
+    evicted = status["buffers"]["replay"]["released_chunks"]
     ever_written = status["counters"]["chunks_accepted"]
     assert evicted > ever_written // 2, "a capacity this small must have evicted most chunks"
     max_buffer_chunks = max(b for _, b in run.samples)
@@ -202,7 +208,13 @@ def test_learner_trained_and_published_versions(run: Run):
     assert learner["error"] is None
     assert learner["train_iterations"] > 0
     assert status["counters"]["train_iterations"] > 0
-    assert status["counters"]["granted_iterations"] >= status["counters"]["train_iterations"]
+    assert status["counters"]["granted_batches"] >= status["counters"]["train_iterations"]
+    # the learner never ran ahead of the rate limit: 16 items per item inserted past
+    # min_size plus the error buffer, in batches of 64. (Collectors may end further behind
+    # the line: chunks already written when the throttle reaches them are still accepted.)
+    replay = status["buffers"]["replay"]
+    assert replay["sampled_items"] == 64 * status["counters"]["granted_batches"]
+    assert replay["sampled_items"] <= 16 * (replay["inserted_items"] - 500) + 64_000
     assert status["train"], "learner metrics reached the coordinator"
     latest = run.storage.latest_version()
     assert latest is not None and latest > 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import requests
 
 from shared.schemas import API
+from shared.storage import DirectoryStorage
 
 from .helpers import Processes, Service, free_port, small_config, wait_for
 
@@ -22,8 +23,7 @@ from .helpers import Processes, Service, free_port, small_config, wait_for
 def _config(tmp: Path) -> Path:
     return small_config(
         tmp / "config.yaml",
-        algo={"updates_per_env_step": None},
-        buffer={"capacity": 2048},
+        buffers={"replay": {"capacity": 2048, "rate_limit": {"samples_per_insert": None}}},
         eval={"every_env_steps": 10_000_000},
         stop={"max_env_steps": None, "max_wall_s": 120},
         coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0},
@@ -31,10 +31,10 @@ def _config(tmp: Path) -> Path:
 
 
 def _start_coordinator(processes: Processes, config: Path, run_dir: Path,
-                       port: int | None = None) -> Service:
+                       port: int | None = None, *extra: str) -> Service:
     coordinator = processes.start("coordinator", "coordinator", "--config", str(config),
                                   "--run-dir", str(run_dir), "--name", "it-reregister",
-                                  port=port)
+                                  *extra, port=port)
     coordinator.wait_healthy()
     return coordinator
 
@@ -123,6 +123,61 @@ def test_worker_registers_again_after_the_coordinator_restarts(processes: Proces
              "chunks reported to the restarted coordinator")
     assert collector.get("/status")["error"] is None
     assert collector.proc.poll() is None
+
+
+def test_a_collector_goes_on_with_a_coordinator_that_resumed(processes: Processes,
+                                                            tmp_path: Path):
+    """Restarted with `--resume`, the coordinator continues from the snapshot it saved on
+    SIGTERM: the collector registers again and carries on, and by the end of the run no chunk
+    was lost or counted twice, and storage holds exactly the chunks the buffer refers to."""
+    max_env_steps = 30_000
+    config = small_config(
+        tmp_path / "config.yaml",
+        buffers={"replay": {"capacity": 2048, "rate_limit": {"samples_per_insert": None}}},
+        eval={"every_env_steps": 10_000_000},
+        stop={"max_env_steps": max_env_steps, "max_wall_s": 120},
+        coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0},
+    )
+    run_dir = tmp_path / "run"
+    first = _start_coordinator(processes, config, run_dir)
+    collector = processes.start("collector", "collector", "--coordinator", first.url,
+                                "--worker-id", "c1")
+    _running_task(first, collector, "c1")
+    wait_for(lambda: _chunks_accepted(first) > 5, 30, "the first chunks")
+
+    assert first.stop() == 0
+    processes.services.remove(first)
+    resumed = _start_coordinator(processes, config, run_dir, first.port, "--resume")
+    status = resumed.get(f"{API}/status")
+    restored = status["counters"]["chunks_accepted"]
+    assert restored > 5, "the resumed coordinator starts from the snapshot, not from zero"
+    assert status["counters"]["env_steps"] == restored * 128
+    assert status["buffers"]["replay"]["inserted_chunks"] == restored
+    assert status["run"]["state"] == "running" or restored * 128 >= max_env_steps
+
+    wait_for(lambda: resumed.get(f"{API}/status")["run"]["state"] == "stopped", 90,
+             f"the resumed run to stop at max_env_steps={max_env_steps}")
+    storage = DirectoryStorage(run_dir / "storage")
+
+    def quiet() -> bool:
+        c = collector.get("/status")
+        s = resumed.get(f"{API}/status")
+        seen = (f"collector wrote {c['chunks_written']}, reported {c['chunks_reported']}; "
+                f"coordinator accepted {s['counters']['chunks_accepted']}, holds "
+                f"{s['buffer']['chunks']}; storage holds {len(storage.list_chunks())}")
+        assert c["chunks_reported"] == c["chunks_written"] == \
+            s["counters"]["chunks_accepted"], seen
+        assert len(storage.list_chunks()) == s["buffer"]["chunks"], seen
+        return True
+
+    wait_for(quiet, 30, "every chunk reported and every released chunk deleted")
+    s = resumed.get(f"{API}/status")
+    assert s["counters"]["chunks_accepted"] > restored
+    assert s["counters"]["env_steps"] == s["counters"]["chunks_accepted"] * 128
+    assert s["buffers"]["replay"]["inserted_chunks"] == s["counters"]["chunks_accepted"]
+    assert s["buffer"] == {"size": 2048, "chunks": 2048 // 128}
+    assert collector.get("/status")["error"] is None
+    assert _worker(resumed, "c1")["registrations"] == 1  # registered with it once
 
 
 def test_a_task_that_arrives_before_the_registration_answer_waits_for_it(

@@ -1,6 +1,6 @@
 """Plain helpers for the unit tests (the fixtures built on them live in conftest.py): polling
-with a deadline, free ports, the test config, a fake worker that records pushed tasks, and
-real coordinator processes."""
+with a deadline, free ports, the test config, a fake worker that records pushed tasks, real
+coordinator processes, and the calls tests make to them as workers would."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import requests
 import yaml
 from pydantic import ValidationError
 
+from shared.codec import encode_arrays
 from shared.schemas import TaskEnvelope
+from shared.storage import DirectoryStorage
 
 REPO = Path(__file__).resolve().parents[2]
 CARTPOLE_DQN = REPO / "configs" / "cartpole-dqn.yaml"
@@ -50,17 +55,30 @@ def closed_port() -> int:
     return free_port()
 
 
+def buffer_config(**changes) -> dict:
+    """The test config's one uniform buffer ("replay"), with fields changed.
+
+    Its rate limit, in items of the config's batch size 64: sampling starts at 256
+    transitions, then 0.25 updates per env step (16 items per item inserted), and either side
+    may run 1000 updates (64,000 items) ahead before it waits."""
+    buf = {"kind": "uniform", "capacity": 100_000,
+           "rate_limit": {"min_size": 256, "samples_per_insert": 16, "error_buffer": 64_000}}
+    buf.update(changes)
+    return buf
+
+
 def make_config(**overrides: dict) -> dict:
     """configs/cartpole-dqn.yaml with small numbers for tests; `overrides` are merged per
-    section (`algo={"lr": 0.1}` changes one field of `algo`)."""
+    section (`algo={"lr": 0.1}` changes one field of `algo`), except `buffers`, which is
+    replaced as a whole: buffer names are each test's own (start from `buffer_config()`)."""
     cfg = yaml.safe_load(CARTPOLE_DQN.read_text())
-    cfg["algo"].update(learning_starts=256, ratio_tolerance=1000, updates_per_env_step=0.25)
+    cfg["buffers"] = {"replay": buffer_config()}
     cfg["eval"].update(every_env_steps=512)
     cfg["coordinator"] = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 60.0,
                           "task_push_timeout_s": 2.0}
     cfg["stop"] = {"max_wall_s": 300}
     for section, values in overrides.items():
-        if isinstance(values, dict):
+        if isinstance(values, dict) and section != "buffers":
             cfg.setdefault(section, {}).update(values)
         else:
             cfg[section] = values
@@ -205,10 +223,30 @@ class CoordinatorPool:
         self._wait_healthy(c)
         return c
 
+    def start(self, config: dict, storage_dir: Path, *args: str) -> CoordinatorProc:
+        """A healthy coordinator on a given config and storage directory (for restarts: a
+        second one on the same storage, with `--resume`), never a prewarmed spare."""
+        c = self._spawn(None, config=config, storage_dir=storage_dir, args=args)
+        self._wait_healthy(c)
+        return c
+
     @staticmethod
     def release(c: CoordinatorProc) -> None:
         if c.proc.poll() is None:
             c.proc.terminate()
+
+    @staticmethod
+    def stop(c: CoordinatorProc, timeout_s: float = 20.0) -> int:
+        """SIGTERM, and wait for the exit code (what closing did is then in storage)."""
+        if c.proc.poll() is None:
+            c.proc.terminate()
+        try:
+            return c.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait(timeout=10)
+            raise AssertionError(f"coordinator ignored SIGTERM for {timeout_s}s:\n{c.log()}") \
+                from None
 
     def close(self) -> None:
         for c in self.procs:
@@ -220,19 +258,21 @@ class CoordinatorPool:
                 c.proc.kill()
                 c.proc.wait(timeout=10)
 
-    def _spawn(self, overrides: dict) -> CoordinatorProc:
+    def _spawn(self, overrides: dict | None, config: dict | None = None,
+               storage_dir: Path | None = None, args: tuple[str, ...] = ()) -> CoordinatorProc:
         n = len(self.procs)
-        cfg = make_config(**overrides)
+        cfg = config if config is not None else make_config(**(overrides or {}))
         cfg_path = self.tmp_dir / f"coordinator-{n}.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         port = free_port()
-        run_dir, storage_dir = self.tmp_dir / f"run-{n}", self.tmp_dir / f"storage-{n}"
+        run_dir = self.tmp_dir / f"run-{n}"
+        storage_dir = storage_dir or self.tmp_dir / f"storage-{n}"
         log_path = self.tmp_dir / f"coordinator-{n}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "coordinator", "--config", str(cfg_path),
                  "--port", str(port), "--run-dir", str(run_dir), "--storage", str(storage_dir),
-                 "--threads", "8"],
+                 "--threads", "8", *args],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         c = CoordinatorProc(f"http://127.0.0.1:{port}", storage_dir, run_dir, cfg, proc,
                             log_path)
@@ -251,3 +291,80 @@ class CoordinatorPool:
                 return False
 
         wait_for(healthy, timeout_s=30, what="coordinator /health")
+
+
+# -- talking to a coordinator as workers do ------------------------------------------------
+
+TIMEOUT = 10
+
+# Every request closes its connection: a kept-alive socket held by a stray Response object
+# makes gunicorn's graceful shutdown wait for it, which slowed every teardown by seconds.
+HTTP = requests.Session()
+HTTP.headers["Connection"] = "close"
+
+
+def post(c: CoordinatorProc, path: str, body=None, **kw) -> requests.Response:
+    return HTTP.post(c.api(path), json=body, timeout=TIMEOUT, **kw)
+
+
+def get(c: CoordinatorProc, path: str) -> dict:
+    return ok(HTTP.get(c.api(path), timeout=TIMEOUT))
+
+
+def ok(resp: requests.Response) -> dict:
+    assert resp.status_code == 200, f"{resp.status_code}: {resp.text}"
+    return resp.json()
+
+
+def register(c: CoordinatorProc, role: str, sink: TaskSink, worker_id: str | None = None
+             ) -> dict:
+    body = {"role": role, "url": sink.url}
+    if worker_id is not None:
+        body["worker_id"] = worker_id
+    return ok(post(c, "/workers", body))
+
+
+def task_state(c: CoordinatorProc, task_id: str) -> str:
+    return get(c, f"/tasks/{task_id}")["state"]
+
+
+def wait_running(c: CoordinatorProc, task_id: str) -> None:
+    wait_for(lambda: task_state(c, task_id) == "running", what=f"task {task_id} running")
+
+
+def write_chunk(c: CoordinatorProc, n: int, chunk_id: str | None = None,
+                version: int = -1) -> str:
+    """Write a real chunk into the coordinator's storage directory, as a collector would."""
+    chunk_id = chunk_id or uuid.uuid4().hex
+    rng = np.random.default_rng(zlib.crc32(chunk_id.encode()))
+    arrays = {"obs": rng.standard_normal((n, 4)).astype(np.float32),
+              "action": rng.integers(0, 2, n).astype(np.int64),
+              "reward": np.ones(n, np.float32),
+              "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
+              "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+    DirectoryStorage(c.storage_dir).put_chunk(
+        chunk_id, encode_arrays(arrays, {"policy_version": str(version)}))
+    return chunk_id
+
+
+def report(c: CoordinatorProc, worker_id: str, task_id: str, chunks: list[tuple[str, int]],
+           **meta) -> requests.Response:
+    """Announce chunks; `meta` goes into each chunk's metadata (policy_version -1 unless
+    given)."""
+    meta = {"policy_version": -1, **meta}
+    return post(c, "/chunks", {"worker_id": worker_id, "task_id": task_id, "chunks": [
+        {"chunk_id": cid, "length": n, **meta} for cid, n in chunks]})
+
+
+def collector_and_learner(c: CoordinatorProc, make_sink) -> tuple[dict, dict, dict, dict]:
+    """Register one of each with a fake worker server; returns (collector, collect task,
+    learner, learn task) once both tasks were pushed and acknowledged."""
+    col_sink, lrn_sink = make_sink(), make_sink()
+    col = register(c, "collector", col_sink)
+    lrn = register(c, "learner", lrn_sink)
+    collect = col_sink.wait_task("collect")
+    learn = lrn_sink.wait_task("learn")
+    wait_running(c, collect["task_id"])
+    wait_running(c, learn["task_id"])
+    assert not col_sink.errors and not lrn_sink.errors
+    return col, collect, lrn, learn

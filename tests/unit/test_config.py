@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from pydantic import ValidationError
 from shared.config import (
     ConfigError,
     CoordinatorConfig,
+    MixPart,
+    RateLimitConfig,
     RunConfig,
     load_config,
     parse_config,
@@ -39,11 +42,18 @@ def test_cartpole_dqn_loads_with_its_values():
     assert cfg.algo.lr == pytest.approx(0.0023)
     assert cfg.algo.target_update_every == 250
     assert cfg.collector.chunk_size == 128
-    assert cfg.buffer.capacity == 100_000
+    assert list(cfg.buffers) == ["replay"]
+    replay = cfg.buffers["replay"]
+    assert replay.kind == "uniform" and replay.capacity == 100_000
+    # the replay ratio in items: 0.25 updates of 64 items per env step, 1000 updates of slack
+    assert replay.rate_limit == RateLimitConfig(min_size=1000, samples_per_insert=16,
+                                                error_buffer=64_000)
     assert cfg.eval.stop_value == 475
     assert cfg.stop.max_wall_s == 600
     # sections the file leaves out take their defaults
     assert cfg.coordinator == CoordinatorConfig()
+    assert cfg.learner.mix == (MixPart(buffer="replay", fraction=1.0),)
+    assert cfg.learner.by_buffer is None and cfg.collector.insert_into is None
 
 
 def test_every_shipped_config_loads():
@@ -65,15 +75,29 @@ def test_loaded_config_round_trips_through_json():
     assert parse_config(cfg.model_dump(mode="json")) == cfg
 
 
+def _section(data: dict, path: str) -> dict:
+    """The mapping at a dotted path of a config dict, created where missing."""
+    for key in path.split("."):
+        data = data.setdefault(key, {})
+    return data
+
+
 @pytest.mark.parametrize("section,key,dotted", [
     ("algo", "lrr", "algo.lrr"),
     ("env", "num_env", "env.num_env"),
     ("eval", "stop_valu", "eval.stop_valu"),
     ("coordinator", "heartbeat_s", "coordinator.heartbeat_s"),
+    ("buffers.replay", "capacityy", "buffers.replay.capacityy"),
+    ("buffers.replay.rate_limit", "min_items", "buffers.replay.rate_limit.min_items"),
+    ("learner", "mixes", "learner.mixes"),
+    # the keys the per-buffer rate limit replaced are errors now, not silently ignored
+    ("algo", "learning_starts", "algo.learning_starts"),
+    ("algo", "updates_per_env_step", "algo.updates_per_env_step"),
+    ("algo", "ratio_tolerance", "algo.ratio_tolerance"),
 ])
 def test_unknown_key_names_the_dotted_field(tmp_path, section, key, dotted):
     data = _base()
-    data.setdefault(section, {})[key] = 1
+    _section(data, section)[key] = 1
     path = _write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         load_config(path)
@@ -83,10 +107,11 @@ def test_unknown_key_names_the_dotted_field(tmp_path, section, key, dotted):
     assert "extra" in message.lower() or "not permitted" in message.lower()
 
 
-def test_unknown_top_level_key(tmp_path):
+@pytest.mark.parametrize("key", ["algorithm", "buffer"])
+def test_unknown_top_level_key(tmp_path, key):
     data = _base()
-    data["algorithm"] = {"lr": 1}
-    with pytest.raises(ConfigError, match="'algorithm'"):
+    data[key] = {"capacity": 1}
+    with pytest.raises(ConfigError, match=f"'{key}'"):
         load_config(_write(tmp_path, data))
 
 
@@ -96,14 +121,26 @@ def test_unknown_top_level_key(tmp_path):
     ("algo", "hidden_sizes", "wide", "algo.hidden_sizes"),
     ("env", "num_envs", [1, 2], "env.num_envs"),
     ("eval", "episodes", 2.5, "eval.episodes"),
-    ("buffer", "capacity", {"n": 1}, "buffer.capacity"),
-    ("buffer", "kind", "prioritised-typo", "buffer.kind"),
+    ("buffers.replay", "capacity", {"n": 1}, "buffers.replay.capacity"),
+    ("buffers.replay", "kind", "prioritised-typo", "buffers.replay.kind"),
+    ("buffers.replay", "capacity", 0, "buffers.replay.capacity"),
+    ("buffers.replay", "alpha", -0.5, "buffers.replay.alpha"),
+    ("buffers.replay", "beta", 1.5, "buffers.replay.beta"),
+    ("buffers.replay", "sequence_length", 0, "buffers.replay.sequence_length"),
+    ("buffers.replay", "max_policy_lag", -1, "buffers.replay.max_policy_lag"),
+    ("buffers.replay.rate_limit", "min_size", 0, "buffers.replay.rate_limit.min_size"),
+    ("buffers.replay.rate_limit", "samples_per_insert", 0,
+     "buffers.replay.rate_limit.samples_per_insert"),
+    ("buffers.replay.rate_limit", "error_buffer", -1, "buffers.replay.rate_limit.error_buffer"),
+    ("learner", "mix", [{"buffer": "replay", "fraction": 0}], "learner.mix.0.fraction"),
+    ("coordinator", "snapshot_interval_s", 0, "coordinator.snapshot_interval_s"),
+    ("algo", "priority_eps", 0, "algo.priority_eps"),
     ("algo", "gamma", 1.5, "algo.gamma"),
     ("algo", "batch_size", 0, "algo.batch_size"),
 ])
 def test_wrong_type_or_range_names_the_field(tmp_path, section, key, value, dotted):
     data = _base()
-    data[section][key] = value
+    _section(data, section)[key] = value
     with pytest.raises(ConfigError, match=f"'{dotted}'"):
         load_config(_write(tmp_path, data))
 
@@ -161,6 +198,73 @@ def test_top_level_must_be_a_mapping(tmp_path, text):
 
 def test_empty_file_gives_the_defaults(tmp_path):
     assert load_config(_write(tmp_path, "")) == RunConfig()
+
+
+# -- buffers, the learner's mix and where collectors insert ----------------------------------
+
+def test_several_buffers_of_every_kind_load():
+    data = _base()
+    data["buffers"] = {
+        "recent": {"kind": "uniform", "capacity": 5000, "sample_range": 1000,
+                   "replacement": False},
+        "prio": {"kind": "prioritized", "alpha": 0.7, "beta": 0.5,
+                 "rate_limit": {"min_size": 500, "samples_per_insert": 32,
+                                "error_buffer": 6400}},
+        "seq": {"kind": "episode", "sequence_length": 8},
+        "fresh": {"kind": "queue", "max_policy_lag": 2},
+    }
+    data["learner"] = {"mix": [{"buffer": "recent", "fraction": 0.25},
+                               {"buffer": "prio", "fraction": 0.75}]}
+    data["collector"]["insert_into"] = ["recent", "prio"]
+    cfg = parse_config(data)
+    assert [b.kind for b in cfg.buffers.values()] == ["uniform", "prioritized", "episode",
+                                                      "queue"]
+    assert cfg.buffers["prio"].rate_limit.samples_per_insert == 32
+    assert cfg.buffers["seq"].rate_limit == RateLimitConfig()  # free-running by default
+    assert [m.buffer for m in cfg.learner.mix] == ["recent", "prio"]
+    assert cfg.collector.insert_into == ("recent", "prio")
+    assert parse_config(cfg.model_dump(mode="json")) == cfg
+
+
+def _mix(*parts: tuple[str, float]) -> dict:
+    return {"mix": [{"buffer": b, "fraction": f} for b, f in parts]}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"buffers": {}}, "at least one buffer"),
+    ({"buffers": {"../x": {}}}, "must be letters, digits"),
+    ({"learner": _mix(("nope", 1.0))}, "learner.mix names buffer 'nope'"),
+    ({"learner": _mix(("replay", 0.5))}, "learner.mix fractions sum to 0.5, not 1"),
+    ({"learner": _mix(("replay", 0.5), ("replay", 0.7))}, "fractions sum to 1.2"),
+    ({"learner": {"by_buffer": {"nope": 32}}}, "learner.by_buffer names buffer 'nope'"),
+    ({"collector": {"chunk_size": 128, "insert_into": ["replay", "nope"]}},
+     "collector.insert_into names buffer 'nope'"),
+    # a band narrower than one batch: each side would wait for the other forever
+    ({"buffers": {"replay": {"rate_limit": {"samples_per_insert": 16, "error_buffer": 63}}}},
+     "buffers.replay.rate_limit.error_buffer=63.0 is smaller than the 64 items"),
+    # an episode buffer's batch is sequences: 64 x 4 items
+    ({"buffers": {"replay": {"kind": "episode", "sequence_length": 4, "rate_limit": {
+        "samples_per_insert": 64, "error_buffer": 255}}}}, "smaller than the 256 items"),
+])
+def test_inconsistent_buffers_are_errors(change, message):
+    data = {**_base(), **change}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(data)
+
+
+def test_the_error_buffer_check_counts_each_buffers_share_of_the_batch():
+    """A buffer that gives 16 of 64 items per batch needs a band of 16 items, not 64."""
+    data = _base()
+    data["buffers"] = {"a": {"rate_limit": {"samples_per_insert": 4, "error_buffer": 16}},
+                       "b": {}}
+    data["learner"] = _mix(("a", 0.25), ("b", 0.75))
+    assert parse_config(data).buffers["a"].rate_limit.error_buffer == 16
+    data["buffers"]["a"]["rate_limit"]["error_buffer"] = 15
+    with pytest.raises(ConfigError, match="smaller than the 16 items"):
+        parse_config(data)
+    # without a ratio nobody waits for anybody: any band will do
+    data["buffers"]["a"]["rate_limit"] = {"samples_per_insert": None, "error_buffer": 1}
+    parse_config(data)
 
 
 @pytest.mark.parametrize("interval,timeout", [(1.0, 1.0), (2.0, 1.0), (5.0, 0.5)])

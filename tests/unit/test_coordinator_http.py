@@ -7,32 +7,39 @@ record what they were sent.
 
 from __future__ import annotations
 
-import uuid
-import zlib
-
 import numpy as np
 import pytest
-import requests
 
 from learner.batching import assemble
-from shared.codec import decode_arrays, encode_arrays
+from shared.codec import decode_arrays
+from shared.config import parse_config
+from shared.schemas import SampleResponse
 from shared.storage import ChunkNotFound, DirectoryStorage
 
-from .helpers import CoordinatorProc, TaskSink, wait_for
-
-TIMEOUT = 10
-
-# Every request closes its connection: a kept-alive socket held by a stray Response object
-# makes gunicorn's graceful shutdown wait for it, which slowed every teardown by seconds.
-HTTP = requests.Session()
-HTTP.headers["Connection"] = "close"
-
+from .helpers import (
+    HTTP,
+    TIMEOUT,
+    CoordinatorProc,
+    buffer_config,
+    collector_and_learner,
+    get,
+    ok,
+    post,
+    register,
+    report,
+    task_state,
+    wait_for,
+    wait_running,
+    write_chunk,
+)
 
 # Configs (changes to `helpers.make_config`) of the coordinators this module's tests start.
 DEFAULT: dict = {}
-SMALL_BUFFER = {"buffer": {"capacity": 300}}
-TIGHT_RATIO = {"algo": {"learning_starts": 0, "updates_per_env_step": 1.0,
-                        "ratio_tolerance": 10}}
+SMALL_BUFFER = {"buffers": {"replay": buffer_config(capacity=300)}}
+# One update of 8 items per env step from the first item on; either side may run 10
+# updates ahead. (The learner below asks for batches of 8, the config's batch size.)
+TIGHT_RATIO = {"algo": {"batch_size": 8}, "buffers": {"replay": buffer_config(
+    rate_limit={"min_size": 1, "samples_per_insert": 8, "error_buffer": 80})}}
 EARLY_EVAL = {"eval": {"every_env_steps": 256, "episodes": 4, "num_envs": 10,
                        "stop_value": 475}}
 
@@ -62,71 +69,14 @@ def _boot_coordinators(request, coordinator_pool):
 
 # -- helpers ------------------------------------------------------------------------------
 
-def post(c: CoordinatorProc, path: str, body=None, **kw) -> requests.Response:
-    return HTTP.post(c.api(path), json=body, timeout=TIMEOUT, **kw)
-
-
-def ok(resp: requests.Response) -> dict:
-    assert resp.status_code == 200, f"{resp.status_code}: {resp.text}"
-    return resp.json()
-
-
-def register(c: CoordinatorProc, role: str, sink: TaskSink, worker_id: str | None = None
-             ) -> dict:
-    body = {"role": role, "url": sink.url}
-    if worker_id is not None:
-        body["worker_id"] = worker_id
-    return ok(post(c, "/workers", body))
-
-
-def task_state(c: CoordinatorProc, task_id: str) -> str:
-    return ok(HTTP.get(c.api(f"/tasks/{task_id}"), timeout=TIMEOUT))["state"]
-
-
-def wait_running(c: CoordinatorProc, task_id: str) -> None:
-    wait_for(lambda: task_state(c, task_id) == "running", what=f"task {task_id} running")
-
-
-def write_chunk(c: CoordinatorProc, n: int, chunk_id: str | None = None,
-                version: int = -1) -> str:
-    """Write a real chunk into the coordinator's storage directory, as a collector would."""
-    chunk_id = chunk_id or uuid.uuid4().hex
-    rng = np.random.default_rng(zlib.crc32(chunk_id.encode()))
-    arrays = {"obs": rng.standard_normal((n, 4)).astype(np.float32),
-              "action": rng.integers(0, 2, n).astype(np.int64),
-              "reward": np.ones(n, np.float32),
-              "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
-              "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
-    DirectoryStorage(c.storage_dir).put_chunk(
-        chunk_id, encode_arrays(arrays, {"policy_version": str(version)}))
-    return chunk_id
-
-
-def report(c: CoordinatorProc, worker_id: str, task_id: str, chunks: list[tuple[str, int]],
-           **meta) -> requests.Response:
-    return post(c, "/chunks", {"worker_id": worker_id, "task_id": task_id, "chunks": [
-        {"chunk_id": cid, "length": n, "policy_version": -1, **meta} for cid, n in chunks]})
-
-
-def collector_and_learner(c: CoordinatorProc, make_sink) -> tuple[dict, dict, dict, dict]:
-    """Register one of each with a fake worker server; returns (collector, collect task,
-    learner, learn task) once both tasks were pushed and acknowledged."""
-    col_sink, lrn_sink = make_sink(), make_sink()
-    col = register(c, "collector", col_sink)
-    lrn = register(c, "learner", lrn_sink)
-    collect = col_sink.wait_task("collect")
-    learn = lrn_sink.wait_task("learn")
-    wait_running(c, collect["task_id"])
-    wait_running(c, learn["task_id"])
-    assert not col_sink.errors and not lrn_sink.errors
-    return col, collect, lrn, learn
-
-
 def comparable_status(c: CoordinatorProc) -> dict:
     """/status without what moves with the clock."""
     s = c.status()
     s["run"].pop("wall_seconds")
     s.pop("rates")
+    for b in s["buffers"].values():
+        b.pop("inserts_per_s")
+        b.pop("samples_per_s")
     for w in s["workers"]:
         w.pop("seconds_since_heartbeat")
     return s
@@ -141,7 +91,8 @@ def test_register_pushes_tasks_and_heartbeats(coordinator, task_sink):
     assert col["worker_id"].startswith("collector")
     assert col["run_name"] == c.config["name"]
     assert col["storage"] == str(c.storage_dir)
-    assert col["config"]["algo"]["learning_starts"] == c.config["algo"]["learning_starts"]
+    assert parse_config(col["config"]) == parse_config(c.config)  # the run's whole config
+    assert col["config"]["buffers"]["replay"]["rate_limit"]["min_size"] == 256
     assert col["heartbeat_interval_s"] == c.config["coordinator"]["heartbeat_interval_s"]
     lrn = register(c, "learner", lrn_sink, worker_id="learner-a")
     assert lrn["worker_id"] == "learner-a"
@@ -156,7 +107,7 @@ def test_register_pushes_tasks_and_heartbeats(coordinator, task_sink):
 
     hb = ok(post(c, f"/workers/{col['worker_id']}/heartbeat", {"status": {"env_steps_s": 1.5}}))
     assert hb == {"stop": False, "paused": False, "policy_version": None, "env_steps": 0}
-    worker = ok(HTTP.get(c.api(f"/workers/{col['worker_id']}"), timeout=TIMEOUT))
+    worker = get(c, f"/workers/{col['worker_id']}")
     assert worker["state"] == "alive" and worker["role"] == "collector"
     assert worker["status"] == {"env_steps_s": 1.5}
     ok(post(c, "/workers/learner-a/heartbeat"))  # an empty body is an empty status
@@ -217,28 +168,31 @@ def test_chunks_sampling_and_learn_info(coordinator, task_sink):
     c = coordinator()
     col, collect, lrn, _ = collector_and_learner(c, task_sink)
     wid, tid, lid = col["worker_id"], collect["task_id"], lrn["worker_id"]
-    starts = c.config["algo"]["learning_starts"]
+    min_size = c.config["buffers"]["replay"]["rate_limit"]["min_size"]
     sample = {"worker_id": lid, "batch_size": 16, "num_batches": 4}
 
-    lengths = {write_chunk(c, n): n for n in (100, 60)}                    # 160 < starts
+    lengths = {write_chunk(c, n): n for n in (100, 60)}                    # 160 < min_size
     r = ok(report(c, wid, tid, list(lengths.items()),
                   episode_returns=[10.0, 30.0], episode_lengths=[10, 30]))
     assert r["accepted"] == 2 and r["env_steps"] == 160 and r["stop"] is False
     s = c.status()
     assert s["buffer"]["size"] == 160 and s["buffer"]["chunks"] == 2
+    assert s["buffers"]["replay"]["size"] == 160
+    assert s["buffers"]["replay"]["inserted_chunks"] == 2
     assert s["counters"]["env_steps"] == 160 and s["counters"]["chunks_accepted"] == 2
     assert s["counters"]["episodes"] == 4
     assert s["collect"]["episode_return_mean"] == pytest.approx(20.0)
 
-    # not enough env steps yet: no batches, and a hint when to come back
-    early = ok(post(c, "/sample", sample))
-    assert early["chunk_ids"] == [] and early["rows"] == [] and early["retry_after_s"] > 0
-    assert early["env_steps"] == 160
+    # not enough items yet: no batches, but 429 and a hint when to come back
+    early = post(c, "/sample", sample)
+    assert early.status_code == 429, early.text
+    assert float(early.headers["Retry-After"]) > 0
+    assert early.json()["retry_after_s"] > 0 and early.json()["error"]
 
     more = {write_chunk(c, 128): 128}
     lengths.update(more)
     r = ok(report(c, wid, tid, list(more.items())))
-    assert r["env_steps"] == 288 >= starts
+    assert r["env_steps"] == 288 >= min_size
 
     # a retried report counts nothing twice, nor does an id listed twice in one report
     r = ok(report(c, wid, tid, list(lengths.items())))
@@ -250,21 +204,32 @@ def test_chunks_sampling_and_learn_info(coordinator, task_sink):
     lengths[twice] = 50
     s = c.status()
     assert s["buffer"]["size"] == 338 and s["buffer"]["chunks"] == 4
+    assert s["buffers"]["replay"]["inserted_items"] == 338
+    assert s["buffers"]["replay"]["inserted_chunks"] == 4
     assert s["counters"]["chunks_accepted"] == 4 and s["counters"]["episodes"] == 5
 
     got = ok(post(c, "/sample", sample))
-    assert len(got["chunk_index"]) == 4 and all(len(b) == 16 for b in got["chunk_index"])
+    assert got["num_batches"] == 4 and got["env_steps"] == 338
+    [part] = got["parts"]
+    assert part["buffer"] == "replay" and part["key"] is None
+    assert part["weights"] is None and part["lengths"] is None  # uniform: no IS weights
+    assert len(part["chunk_index"]) == 4 and all(len(b) == 16 for b in part["chunk_index"])
+    assert np.shape(part["rows"]) == np.shape(part["item_ids"]) == (4, 16)
     assert set(got["chunk_ids"]) <= set(lengths)
+    assert len(set(got["chunk_ids"])) == len(got["chunk_ids"])
     for b in range(4):
-        for k, row in zip(got["chunk_index"][b], got["rows"][b], strict=True):
+        for k, row in zip(part["chunk_index"][b], part["rows"][b], strict=True):
             assert 0 <= row < lengths[got["chunk_ids"][k]]
     # the references resolve against storage into real batches
+    resp = SampleResponse.model_validate(got)
     store = DirectoryStorage(c.storage_dir)
-    chunks = [decode_arrays(blob)[0] for blob in store.get_chunks(got["chunk_ids"])]
-    batches = assemble(chunks, np.asarray(got["chunk_index"]), np.asarray(got["rows"]))
-    assert len(batches) == 4 and batches[0]["obs"].shape == (16, 4)
-    assert c.status()["counters"]["granted_iterations"] == 4
-    assert c.status()["buffer"]["sampled_items"] == 64
+    chunks = [decode_arrays(blob)[0] for blob in store.get_chunks(resp.chunk_ids)]
+    batches = assemble(chunks, resp.parts, resp.num_batches)
+    assert len(batches) == 4 and batches[0].data["obs"].shape == (16, 4)
+    assert batches[0].weights is None and batches[0].item_refs == []
+    s = c.status()
+    assert s["counters"]["granted_batches"] == 4
+    assert s["buffers"]["replay"]["sampled_items"] == 64
 
     info = ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 4,
                                       "policy_version": 0, "metrics": {"train/loss": 0.5}}))
@@ -281,16 +246,23 @@ def test_chunks_sampling_and_learn_info(coordinator, task_sink):
 
 
 def test_evicted_chunks_are_deleted_from_storage(coordinator, task_sink):
+    """A ring of 300 transitions takes four chunks of 128 (uids 0..511): chunk 0 (slots
+    0..127) is overwritten by chunks 2 and 3, chunk 1 (slots 128..255) only up to slot 211,
+    so its rows 84..127 are still items: it must stay in storage."""
     c = coordinator(**SMALL_BUFFER)
     col, collect, _, _ = collector_and_learner(c, task_sink)
     ids = [write_chunk(c, 128) for _ in range(4)]
     for cid in ids:
         ok(report(c, col["worker_id"], collect["task_id"], [(cid, 128)]))
     s = c.status()
-    assert s["buffer"]["size"] == 256 and s["buffer"]["evicted_chunks"] == 2
+    assert s["buffer"]["size"] == 300 and s["buffer"]["chunks"] == 3
+    replay = s["buffers"]["replay"]
+    assert replay["size"] == 300 and replay["capacity"] == 300
+    assert replay["inserted_items"] == 512 and replay["evicted_items"] == 212
+    assert replay["inserted_chunks"] == 4 and replay["released_chunks"] == 1
     assert s["counters"]["env_steps"] == 512
     store = DirectoryStorage(c.storage_dir)
-    wait_for(lambda: store.list_chunks() == sorted(ids[2:]), what="janitor deleting chunks")
+    wait_for(lambda: store.list_chunks() == sorted(ids[1:]), what="janitor deleting chunks")
     with pytest.raises(ChunkNotFound):
         store.get_chunk(ids[0])
 
@@ -305,12 +277,15 @@ def test_replay_ratio_throttles_collectors_until_the_learner_samples(coordinator
     assert permit == {"granted": False, "stop": False}
     got = ok(post(c, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 8,
                                  "num_batches": 1000}))
-    assert len(got["rows"]) == 128 + 10   # the line plus the tolerance band
+    # the line ((128 - min_size) x 8 items) plus the error buffer (80 items), in batches of 8
+    assert got["num_batches"] == len(got["parts"][0]["rows"]) == (127 * 8 + 80) // 8
+    assert c.status()["buffers"]["replay"]["sampled_items"] == 127 * 8 + 80
     permit = ok(post(c, "/permits/collect", {"worker_id": wid, "wait_s": 0.1}))
     assert permit == {"granted": True, "stop": False}
-    again = ok(post(c, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 8,
-                                   "num_batches": 1}))
-    assert again["rows"] == [] and again["retry_after_s"] > 0
+    again = post(c, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 8,
+                                "num_batches": 1})
+    assert again.status_code == 429 and float(again.headers["Retry-After"]) > 0
+    assert c.status()["counters"]["granted_batches"] == 137
 
 
 # -- evaluation and stopping -------------------------------------------------------------------
@@ -475,6 +450,23 @@ BAD = [
      400, "wait_s"),
     ("sample unknown worker", "/sample",
      {"worker_id": "ghost", "batch_size": 4, "num_batches": 1}, 404, "worker_id"),
+    ("sample mix of an unknown buffer", "/sample",
+     lambda q: {"worker_id": q["lid"], "batch_size": 4, "num_batches": 1,
+                "mix": [{"buffer": "replay", "fraction": 0.5},
+                        {"buffer": "nope", "fraction": 0.5}]}, 404, "mix.1.buffer"),
+    ("sample by_buffer of an unknown buffer", "/sample",
+     lambda q: {"worker_id": q["lid"], "batch_size": 4, "num_batches": 1,
+                "by_buffer": {"nope": 4}}, 404, "by_buffer.nope"),
+    ("sample mix not summing to one", "/sample",
+     lambda q: {"worker_id": q["lid"], "batch_size": 4, "num_batches": 1,
+                "mix": [{"buffer": "replay", "fraction": 0.5}]}, 400, None),
+    ("sample mix and by_buffer", "/sample",
+     lambda q: {"worker_id": q["lid"], "batch_size": 4, "num_batches": 1,
+                "mix": [{"buffer": "replay", "fraction": 1.0}], "by_buffer": {"replay": 4}},
+     400, None),
+    ("sample mix fraction out of range", "/sample",
+     lambda q: {"worker_id": q["lid"], "batch_size": 4, "num_batches": 1,
+                "mix": [{"buffer": "replay", "fraction": 1.5}]}, 400, "mix.0.fraction"),
     # learn-info
     ("learn-info malformed", "/learn-info", b"not json at all", 400, None),
     ("learn-info unknown field", "/learn-info",
@@ -493,6 +485,22 @@ BAD = [
      "policy_version"),
     ("learn-info unknown worker", "/learn-info",
      {"worker_id": "ghost", "train_iterations": 1, "policy_version": 0}, 404, "worker_id"),
+    ("learn-info priorities of an unknown buffer", "/learn-info",
+     lambda q: {"worker_id": q["lid"], "train_iterations": 1, "policy_version": 0,
+                "priorities": [{"buffer": "nope", "item_ids": [0], "priorities": [1.0]}]},
+     404, "priorities.0.buffer"),
+    ("learn-info priorities and ids mismatch", "/learn-info",
+     lambda q: {"worker_id": q["lid"], "train_iterations": 1, "policy_version": 0,
+                "priorities": [{"buffer": "replay", "item_ids": [0, 1], "priorities": [1.0]}]},
+     400, "priorities.0"),
+    ("learn-info negative priority", "/learn-info",
+     lambda q: {"worker_id": q["lid"], "train_iterations": 1, "policy_version": 0,
+                "priorities": [{"buffer": "replay", "item_ids": [0], "priorities": [-1.0]}]},
+     400, "priorities.0.priorities"),
+    ("learn-info consumed from an unknown buffer", "/learn-info",
+     lambda q: {"worker_id": q["lid"], "train_iterations": 1, "policy_version": 0,
+                "consumed": [{"buffer": "nope", "chunk_ids": [q["cid"]]}]},
+     404, "consumed.0.buffer"),
     # evaluations
     ("evaluation malformed", "/evaluations", b'{"returns": [1,2,]}', 400, None),
     ("evaluation unknown field", "/evaluations",

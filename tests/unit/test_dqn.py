@@ -1,4 +1,5 @@
-"""learner/dqn.py (the double-DQN update) and learner/batching.py (`assemble`)."""
+"""learner/dqn.py (the double-DQN update), learner/batching.py (`assemble`) and
+learner/feedback.py (priorities back to the coordinator)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import assemble
+from learner.batching import Batch, assemble
 from learner.dqn import BATCH_FIELDS, DQNLearner
+from learner.feedback import PriorityFeedback
 from shared.codec import decode_arrays, encode_arrays
 from shared.config import DQNConfig
 from shared.envs import EnvSpec
+from shared.schemas import SamplePart
 
 SPEC = EnvSpec(obs_shape=(2,), n_actions=3)
 
@@ -92,27 +95,53 @@ def test_loss_is_the_double_dqn_huber_loss():
     assert ((q_sa - target).abs() < 1).any() and ((q_sa - target).abs() > 1).any()
     expected = _huber(q_sa - target)
 
-    out = _learner(_cfg(gamma=gamma)).update(batch)
+    result = _learner(_cfg(gamma=gamma)).update(batch)
+    out = result.metrics
 
     torch.testing.assert_close(out["loss"], expected, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out["q_mean"], q_sa.mean(), rtol=1e-6, atol=1e-6)
     plain = _huber(q_sa - _hand_target(batch, gamma, double=False))
     assert not torch.isclose(out["loss"], plain)
     assert all(v.dim() == 0 for v in out.values())
+    # |TD error| per item, against the double-DQN target: the new priorities
+    torch.testing.assert_close(result.td_abs, (target - q_sa).abs(), rtol=1e-6, atol=1e-6)
+    assert result.td_abs.shape == (4,) and not result.td_abs.requires_grad
+
+
+def test_importance_weights_scale_each_items_loss():
+    batch = _batch()
+    target = _hand_target(batch, 0.9)
+    q_sa = _mlp(ONLINE, batch["obs"])[torch.arange(4), batch["action"]]
+    d = q_sa - target
+    per_item = torch.where(d.abs() < 1.0, 0.5 * d * d, d.abs() - 0.5)
+    weights = torch.tensor([1.0, 0.25, 0.5, 0.0])
+
+    weighted = _learner(_cfg(gamma=0.9)).update(batch, weights)
+    torch.testing.assert_close(weighted.metrics["loss"], (weights * per_item).mean(),
+                               rtol=1e-6, atol=1e-6)
+    # weights do not change the priorities: those are the unweighted |TD errors|
+    torch.testing.assert_close(weighted.td_abs, d.abs(), rtol=1e-6, atol=1e-6)
+    # all-ones weights are the unweighted update, gradient step included
+    ones, plain = _learner(_cfg(gamma=0.9)), _learner(_cfg(gamma=0.9))
+    a = ones.update(batch, torch.ones(4)).metrics
+    b = plain.update(batch).metrics
+    torch.testing.assert_close(a["loss"], b["loss"])
+    torch.testing.assert_close(a["grad_norm"], b["grad_norm"])
+    assert _same(ones.q, plain.q)
 
 
 def test_terminated_transitions_do_not_bootstrap():
     batch = _batch()
     batch["terminated"] = torch.ones(4, dtype=torch.bool)
     q_sa = _mlp(ONLINE, batch["obs"])[torch.arange(4), batch["action"]]
-    out = _learner().update(batch)
+    out = _learner().update(batch).metrics
     torch.testing.assert_close(out["loss"], _huber(q_sa - batch["reward"]))
 
 
 def test_gamma_zero_regresses_on_the_reward():
     batch = _batch()
     q_sa = _mlp(ONLINE, batch["obs"])[torch.arange(4), batch["action"]]
-    out = _learner(_cfg(gamma=0.0)).update(batch)
+    out = _learner(_cfg(gamma=0.0)).update(batch).metrics
     torch.testing.assert_close(out["loss"], _huber(q_sa - batch["reward"]))
 
 
@@ -129,7 +158,7 @@ def test_gradient_step_is_one_clipped_adam_step_on_the_online_net_only():
     scale = cfg.max_grad_norm / (norm + 1e-6)
 
     learner = _learner(cfg)
-    out = learner.update(batch)
+    out = learner.update(batch).metrics
 
     torch.testing.assert_close(out["grad_norm"], norm, rtol=1e-5, atol=1e-6)
     eps = 1e-8  # Adam's first step moves each weight by lr * g / (|g| + eps)
@@ -204,41 +233,114 @@ def _chunk(k: int, n: int) -> dict[str, np.ndarray]:
             "truncated": np.zeros(n, dtype=bool)}
 
 
+def _part(chunk_index, rows, buffer: str = "replay", weights=None, key: str | None = None,
+          item_ids=None, sequence_length: int | None = None) -> SamplePart:
+    """A part as the learner receives it (parsed from a sample response)."""
+    chunk_index = np.asarray(chunk_index)
+    ids = np.arange(chunk_index.size).reshape(chunk_index.shape) if item_ids is None \
+        else np.asarray(item_ids)
+    return SamplePart.model_validate({
+        "buffer": buffer, "key": key, "chunk_index": chunk_index.tolist(),
+        "rows": np.asarray(rows).tolist(), "item_ids": ids.tolist(),
+        "weights": None if weights is None else np.asarray(weights).tolist(),
+        "sequence_length": sequence_length})
+
+
 def test_assemble_picks_exactly_the_referenced_rows():
     chunks = [_chunk(k, n) for k, n in enumerate([5, 1, 12, 3])]
     chunk_index = np.array([[0, 2, 2, 3, 1], [3, 3, 0, 1, 2], [2, 2, 2, 2, 2]])
     rows = np.array([[4, 0, 11, 2, 0], [0, 0, 1, 0, 7], [3, 3, 5, 6, 10]])
-    batches = assemble(chunks, chunk_index, rows)
+    batches = assemble(chunks, [_part(chunk_index, rows)], 3)
     assert len(batches) == 3
     for b, batch in enumerate(batches):
-        assert set(batch) == set(BATCH_FIELDS)
+        assert isinstance(batch, Batch) and len(batch) == 5
+        assert set(batch.data) == set(BATCH_FIELDS)
+        assert batch.weights is None and batch.item_refs == [] and batch.key is None
         for i in range(chunk_index.shape[1]):
             src = chunks[chunk_index[b, i]]
             for f in BATCH_FIELDS:
-                np.testing.assert_array_equal(batch[f][i].numpy(), src[f][rows[b, i]],
+                np.testing.assert_array_equal(batch.data[f][i].numpy(), src[f][rows[b, i]],
                                               err_msg=f"batch {b} item {i} field {f}")
-        assert batch["obs"].shape == (5, 2)
-        assert batch["obs"].dtype == torch.float32
-        assert batch["action"].dtype == torch.int64
-        assert batch["terminated"].dtype == torch.bool
+        assert batch.data["obs"].shape == (5, 2)
+        assert batch.data["obs"].dtype == torch.float32
+        assert batch.data["action"].dtype == torch.int64
+        assert batch.data["terminated"].dtype == torch.bool
     expected_rewards = [[4, 2000, 2011, 3002, 1000],
                         [3000, 3000, 1, 1000, 2007],
                         [2003, 2003, 2005, 2006, 2010]]
-    assert [b["reward"].tolist() for b in batches] == expected_rewards
+    assert [b.data["reward"].tolist() for b in batches] == expected_rewards
 
 
 def test_assemble_with_one_chunk_and_selected_fields():
     chunk = _chunk(7, 4)
-    [batch] = assemble([chunk], np.zeros((1, 3), dtype=np.int64), np.array([[3, 0, 3]]),
+    [batch] = assemble([chunk], [_part(np.zeros((1, 3), dtype=np.int64), [[3, 0, 3]])], 1,
                        fields=("reward", "truncated"))
-    assert set(batch) == {"reward", "truncated"}
-    assert batch["reward"].tolist() == [7003, 7000, 7003]
+    assert set(batch.data) == {"reward", "truncated"}
+    assert batch.data["reward"].tolist() == [7003, 7000, 7003]
 
 
 def test_assemble_out_of_range_row_is_an_error_not_a_wrong_row():
     chunks = [_chunk(0, 3), _chunk(1, 3)]
     with pytest.raises(IndexError):
-        assemble(chunks, np.array([[1]]), np.array([[3]]))
+        assemble(chunks, [_part([[1]], [[3]])], 1)
+
+
+def test_assemble_concatenates_a_mix_part_by_part_with_their_weights_and_item_ids():
+    """Two buffers' parts of one response: batch b is part 0's batch b, then part 1's; a
+    uniform part has weight 1, and only a prioritized part's items are sent back."""
+    chunks = [_chunk(k, 10) for k in range(3)]
+    uniform = _part([[0, 1, 2], [2, 2, 2]], [[1, 2, 3], [4, 5, 6]], buffer="uni",
+                    item_ids=[[10, 11, 12], [13, 14, 15]])
+    prio = _part([[1, 0], [0, 0]], [[9, 8], [7, 6]], buffer="prio",
+                 weights=[[0.5, 1.0], [0.25, 0.75]], item_ids=[[40, 41], [42, 43]])
+    batches = assemble(chunks, [uniform, prio], 2)
+    assert [b.data["reward"].tolist() for b in batches] == [
+        [1, 1002, 2003, 1009, 8], [2004, 2005, 2006, 7, 6]]
+    assert batches[0].weights.tolist() == [1.0, 1.0, 1.0, 0.5, 1.0]
+    assert batches[1].weights.tolist() == [1.0, 1.0, 1.0, 0.25, 0.75]
+    for b, batch in enumerate(batches):
+        [(buffer, ids, where)] = batch.item_refs
+        assert buffer == "prio" and where == slice(3, 5)
+        assert ids.tolist() == [[40, 41], [42, 43]][b]
+        # the slice is where those items sit in the batch
+        assert batch.data["reward"][where].tolist() == [[1009, 8], [7, 6]][b]
+
+
+def test_assemble_by_key_gives_one_batch_per_buffer():
+    chunks = [_chunk(k, 10) for k in range(2)]
+    parts = [_part([[0, 1]], [[1, 2]], buffer="a", key="a"),
+             _part([[1, 1, 0]], [[3, 4, 5]], buffer="b", key="b", weights=[[1.0, 0.5, 0.5]])]
+    [batch] = assemble(chunks, parts, 1, by_key=True)
+    assert set(batch) == {"a", "b"}
+    assert batch["a"].data["reward"].tolist() == [1, 1002]
+    assert batch["b"].data["reward"].tolist() == [1003, 1004, 5]
+    assert batch["a"].weights is None and batch["a"].item_refs == []
+    assert batch["b"].weights.tolist() == [1.0, 0.5, 0.5]
+    assert batch["b"].key == "b" and batch["b"].item_refs[0][0] == "b"
+
+
+def test_assemble_reads_sequences_of_rows():
+    chunks = [_chunk(k, 10) for k in range(2)]
+    seq = _part([[0, 1]], [[2, 6]], sequence_length=3)
+    [batch] = assemble(chunks, [seq], 1)
+    assert batch.data["reward"].shape == (2, 3) and batch.data["obs"].shape == (2, 3, 2)
+    assert batch.data["reward"].tolist() == [[2, 3, 4], [1006, 1007, 1008]]
+
+
+def test_priority_feedback_sends_each_buffers_td_errors_for_its_items():
+    chunks = [_chunk(0, 10)]
+    parts = [_part([[0, 0]], [[1, 2]], buffer="uni", item_ids=[[1, 2]]),
+             _part([[0, 0, 0]], [[3, 4, 5]], buffer="prio", weights=[[1.0, 1.0, 1.0]],
+                   item_ids=[[7, 8, 9]])]
+    [batch] = assemble(chunks, parts, 1)
+    feedback = PriorityFeedback()
+    feedback.add(batch, torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5]))
+    feedback.add(batch, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+    [update] = feedback.take()
+    assert update.buffer == "prio"
+    assert update.item_ids == [7, 8, 9, 7, 8, 9]
+    np.testing.assert_allclose(update.priorities, [0.3, 0.4, 0.5, 3.0, 4.0, 5.0], rtol=1e-6)
+    assert feedback.take() == []
 
 
 def test_decoded_chunks_assemble_into_batches_the_learner_trains_on():
@@ -247,12 +349,13 @@ def test_decoded_chunks_assemble_into_batches_the_learner_trains_on():
     rng = np.random.default_rng(0)
     chunk_index = rng.integers(0, 2, (4, 8))
     rows = rng.integers(0, 6, (4, 8))
-    batches = assemble(chunks, chunk_index, rows)
+    batches = assemble(chunks, [_part(chunk_index, rows)], 4)
     learner = DQNLearner(_cfg(), SPEC, seed=0)
     for batch in batches:
         # chunk values are large; scale them so the test only checks the plumbing
-        batch = {**batch, "obs": batch["obs"] / 1000, "next_obs": batch["next_obs"] / 1000,
-                 "reward": batch["reward"] / 1000}
-        out = learner.update(batch)
-        assert torch.isfinite(out["loss"])
+        data = {**batch.data, "obs": batch.data["obs"] / 1000,
+                "next_obs": batch.data["next_obs"] / 1000, "reward": batch.data["reward"] / 1000}
+        out = learner.update(data, batch.weights)
+        assert torch.isfinite(out.metrics["loss"])
+        assert out.td_abs.shape == (8,)
     assert learner.train_iterations == 4

@@ -1,0 +1,71 @@
+"""Replay buffers owned by the coordinator: uniform, prioritized, episode (sequences), queue.
+
+`make_buffer` builds one from its config; `ChunkRegistry` counts how many buffers refer to
+each chunk, so a chunk is deleted from storage exactly when the last buffer lets go of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
+from coordinator.buffers.episode import EpisodeBuffer
+from coordinator.buffers.queue import QueueBuffer
+from coordinator.buffers.ratelimit import RateLimiter
+from coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
+from shared.config import BufferConfig
+
+
+def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1e-6) -> Buffer:
+    if cfg.kind == "uniform":
+        return UniformBuffer(name, cfg.capacity, seed, replacement=cfg.replacement,
+                             sample_range=cfg.sample_range)
+    if cfg.kind == "prioritized":
+        return PrioritizedBuffer(name, cfg.capacity, seed, alpha=cfg.alpha, beta=cfg.beta,
+                                 beta_final=cfg.beta_final,
+                                 beta_anneal_iterations=cfg.beta_anneal_iterations,
+                                 priority_eps=priority_eps)
+    if cfg.kind == "episode":
+        return EpisodeBuffer(name, cfg.capacity, seed, sequence_length=cfg.sequence_length)
+    if cfg.kind == "queue":
+        return QueueBuffer(name, cfg.capacity, seed, max_policy_lag=cfg.max_policy_lag)
+    raise ValueError(f"buffers.{name}.kind={cfg.kind!r} is not a buffer kind")
+
+
+def make_limiter(cfg: BufferConfig) -> RateLimiter:
+    r = cfg.rate_limit
+    return RateLimiter(min_size=r.min_size, samples_per_insert=r.samples_per_insert,
+                       error_buffer=r.error_buffer)
+
+
+class ChunkRegistry:
+    """chunk id -> number of buffers that refer to it."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, int] = {}
+
+    def __contains__(self, chunk_id: str) -> bool:
+        return chunk_id in self.refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def hold(self, chunk_id: str, buffers: int) -> None:
+        self.refs[chunk_id] = self.refs.get(chunk_id, 0) + buffers
+
+    def release(self, chunk_ids: Iterable[str]) -> list[str]:
+        """Drop one reference each; returns the ids nobody refers to any more."""
+        dead = []
+        for chunk_id in chunk_ids:
+            n = self.refs.get(chunk_id, 0) - 1
+            if n <= 0:
+                self.refs.pop(chunk_id, None)
+                dead.append(chunk_id)
+            else:
+                self.refs[chunk_id] = n
+        return dead
+
+
+__all__ = ["Buffer", "ChunkInfo", "ChunkRegistry", "EpisodeBuffer", "PrioritizedBuffer",
+           "QueueBuffer", "RateLimiter",
+           "SampleError", "SampleRefs", "UniformBuffer", "make_buffer", "make_limiter"]

@@ -1,0 +1,251 @@
+"""The coordinator's replay: named buffers, their rate limiters, and the chunk registry.
+
+Callers hold one lock around every method (the coordinator's condition), so the buffers,
+their limiters and the registry always change together.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from coordinator.buffers import (
+    Buffer,
+    ChunkInfo,
+    ChunkRegistry,
+    RateLimiter,
+    make_buffer,
+    make_limiter,
+)
+from coordinator.buffers.episode import EpisodeBuffer
+from coordinator.buffers.queue import QueueBuffer
+from shared.codec import decode_arrays, encode_arrays
+from shared.config import RunConfig
+from shared.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
+from shared.storage import Storage
+from shared.webapp import BadRequest
+
+log = logging.getLogger("rlfleet.coordinator")
+
+
+class UnknownBuffer(KeyError):
+    def __init__(self, name: str, field: str) -> None:
+        super().__init__(name)
+        self.name, self.field = name, field
+
+    def __str__(self) -> str:
+        return f"buffer '{self.name}' does not exist"
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    buffer: str
+    key: str | None
+    batch_size: int
+
+
+@dataclass
+class PartRefs:
+    """One buffer's share of a sample, as numpy arrays (the route turns them into lists)."""
+
+    buffer: str
+    key: str | None
+    chunk_index: np.ndarray
+    rows: np.ndarray
+    item_ids: np.ndarray
+    weights: np.ndarray | None
+    sequence_length: int | None
+    lengths: np.ndarray | None
+
+
+class Replay:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.buffers: dict[str, Buffer] = {}
+        self.limiters: dict[str, RateLimiter] = {}
+        for i, (name, bcfg) in enumerate(cfg.buffers.items()):
+            self.buffers[name] = make_buffer(name, bcfg, cfg.seed * 1009 + i,
+                                             cfg.algo.priority_eps)
+            self.limiters[name] = make_limiter(bcfg)
+        self.insert_into = list(cfg.collector.insert_into or cfg.buffers)
+        self.registry = ChunkRegistry()
+
+    def __contains__(self, chunk_id: str) -> bool:
+        return chunk_id in self.registry
+
+    def size(self) -> int:
+        return sum(len(b) for b in self.buffers.values())
+
+    # -- inserting --------------------------------------------------------------------------
+
+    def insert(self, metas: list[ChunkMeta], train_iteration: int) -> tuple[list[ChunkMeta],
+                                                                            list[str]]:
+        """Index new chunks in every receiving buffer; returns (the chunks that were new,
+        the chunk ids no buffer refers to any more, to delete from storage)."""
+        fresh: list[ChunkMeta] = []
+        seen: set[str] = set()
+        for m in metas:  # a retried report, or an id listed twice, counts once
+            if m.chunk_id not in self.registry and m.chunk_id not in seen:
+                seen.add(m.chunk_id)
+                fresh.append(m)
+        if not fresh:
+            return [], []
+        infos = [ChunkInfo(m.chunk_id, m.length, m.policy_version,
+                           tuple(tuple(s) for s in m.segments)) for m in fresh]
+        for info in infos:
+            self.registry.hold(info.chunk_id, len(self.insert_into))
+        released: list[str] = []
+        for name in self.insert_into:
+            released += self.buffers[name].insert(infos, train_iteration)
+        return fresh, self.registry.release(released)
+
+    def inserts_blocked(self) -> bool:
+        """Some receiving buffer's samplers are too far behind: collectors should wait."""
+        for name in self.insert_into:
+            m = self.buffers[name].monitor
+            if self.limiters[name].inserts_blocked(m.inserted_items, m.sampled_items):
+                return True
+        return False
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def plan(self, req: SampleRequest) -> list[PartPlan]:
+        """Which buffers a request draws from, and how many items per batch from each."""
+        if req.by_buffer is not None:
+            for name in req.by_buffer:
+                if name not in self.buffers:
+                    raise UnknownBuffer(name, f"by_buffer.{name}")
+            return [PartPlan(name, name, n) for name, n in req.by_buffer.items()]
+        mix = req.mix or self.cfg.learner.mix  # both have .buffer and .fraction
+        for i, share in enumerate(mix):
+            if share.buffer not in self.buffers:
+                raise UnknownBuffer(share.buffer, f"mix.{i}.buffer")
+        # Largest remainder: sizes add up to batch_size exactly.
+        raw = [share.fraction * req.batch_size for share in mix]
+        sizes = [int(r) for r in raw]
+        order = sorted(range(len(raw)), key=lambda i: raw[i] - sizes[i], reverse=True)
+        for i in order[: req.batch_size - sum(sizes)]:
+            sizes[i] += 1
+        return [PartPlan(share.buffer, None, n) for share, n in zip(mix, sizes, strict=True)
+                if n > 0]
+
+    def grantable(self, plan: list[PartPlan], num_batches: int) -> int:
+        grant = num_batches
+        for part in plan:
+            buf = self.buffers[part.buffer]
+            m = buf.monitor
+            if isinstance(buf, QueueBuffer):  # a "batch" is one whole chunk, handed out once
+                ready = len(buf.queue) if len(buf) >= self.limiters[part.buffer].min_size else 0
+                grant = min(grant, ready)
+                continue
+            items = part.batch_size * (buf.sequence_length if isinstance(buf, EpisodeBuffer)
+                                       else 1)
+            grant = min(grant, self.limiters[part.buffer].grantable_batches(
+                items, len(buf), m.inserted_items, m.sampled_items))
+        return max(0, grant)
+
+    def sample(self, plan: list[PartPlan], num_batches: int, train_iteration: int,
+               policy_version: int) -> tuple[list[str], list[PartRefs], list[str]]:
+        """(chunk ids, one PartRefs per part, chunk ids to delete: queue buffers drop stale
+        chunks while handing out)."""
+        chunk_ids: list[str] = []
+        released: list[str] = []
+        index_of: dict[str, int] = {}
+        parts = []
+        for part in plan:
+            buf = self.buffers[part.buffer]
+            refs = buf.sample(part.batch_size, num_batches, train_iteration, policy_version)
+            if isinstance(buf, QueueBuffer):
+                released += buf.take_released()
+            # Renumber this part's chunk indices into the response's shared chunk list.
+            remap = np.empty(len(refs.chunk_ids), dtype=np.int64)
+            for j, cid in enumerate(refs.chunk_ids):
+                k = index_of.get(cid)
+                if k is None:
+                    k = index_of[cid] = len(chunk_ids)
+                    chunk_ids.append(cid)
+                remap[j] = k
+            parts.append(PartRefs(
+                part.buffer, part.key, remap[refs.chunk_index] if remap.size else
+                refs.chunk_index, refs.rows, refs.item_ids, refs.weights, refs.sequence_length,
+                refs.lengths))
+        return chunk_ids, parts, self.registry.release(released)
+
+    # -- feedback from learners ---------------------------------------------------------------
+
+    def update_priorities(self, updates: list[PriorityUpdate]) -> int:
+        applied = 0
+        for i, u in enumerate(updates):
+            buf = self.buffers.get(u.buffer)
+            if buf is None:
+                raise UnknownBuffer(u.buffer, f"priorities.{i}.buffer")
+            applied += buf.update_priorities(np.asarray(u.item_ids, dtype=np.int64),
+                                             np.asarray(u.priorities, dtype=np.float64))
+        return applied
+
+    def consume(self, consumed: list[Consumed]) -> list[str]:
+        released: list[str] = []
+        for i, c in enumerate(consumed):
+            buf = self.buffers.get(c.buffer)
+            if buf is None:
+                raise UnknownBuffer(c.buffer, f"consumed.{i}.buffer")
+            released += buf.consume(c.chunk_ids)
+        return self.registry.release(released)
+
+    def check_feedback(self, updates: list[PriorityUpdate], consumed: list[Consumed]) -> None:
+        """Validate names before anything changes, so a bad learn-info changes nothing."""
+        for i, u in enumerate(updates):
+            if u.buffer not in self.buffers:
+                raise UnknownBuffer(u.buffer, f"priorities.{i}.buffer")
+            values = np.asarray(u.priorities, dtype=np.float64)
+            if not np.isfinite(values).all() or (values < 0).any():
+                raise BadRequest(f"priorities.{i}.priorities: must be finite and >= 0",
+                                 f"priorities.{i}.priorities")
+        for i, c in enumerate(consumed):
+            if c.buffer not in self.buffers:
+                raise UnknownBuffer(c.buffer, f"consumed.{i}.buffer")
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def save(self, storage: Storage, counters: dict) -> None:
+        """Each buffer's index as one safetensors blob, then the counters (JSON) that say
+        which blobs belong together: a reader never mixes two generations."""
+        names = {}
+        for name, buf in self.buffers.items():
+            arrays, meta = buf.snapshot()
+            blob_name = f"snapshot.buffer.{name}"
+            storage.put_blob(blob_name, encode_arrays(arrays, meta))
+            names[name] = blob_name
+        storage.put_blob("snapshot.coordinator", json.dumps(
+            {"counters": counters, "buffers": names}).encode())
+
+    def load(self, storage: Storage) -> dict | None:
+        """Restore every buffer from storage; returns the saved counters, or None when there
+        is no snapshot."""
+        raw = storage.get_blob("snapshot.coordinator")
+        if raw is None:
+            return None
+        state = json.loads(raw)
+        for name, buf in self.buffers.items():
+            blob_name = state["buffers"].get(name)
+            blob = storage.get_blob(blob_name) if blob_name else None
+            if blob is None:
+                log.warning("no snapshot for buffer %s: it starts empty", name)
+                continue
+            arrays, meta = decode_arrays(blob)
+            buf.restore(arrays, meta)
+        self.registry = ChunkRegistry()
+        for buf in self.buffers.values():
+            for chunk_id in buf.chunk_ids():
+                self.registry.hold(chunk_id, 1)
+        return state["counters"]
+
+    def stats(self) -> dict[str, dict[str, float | str]]:
+        out: dict[str, dict[str, float | str]] = {}
+        for name, buf in self.buffers.items():
+            buf.monitor.tick()
+            out[name] = {"kind": buf.kind, **buf.stats()}
+        return out

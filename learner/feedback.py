@@ -1,0 +1,39 @@
+"""New priorities gathered between two learn-info reports, sent as one update per buffer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from learner.batching import Batch
+from shared.schemas import PriorityUpdate
+
+
+class PriorityFeedback:
+    def __init__(self, max_items: int = 500_000) -> None:
+        self.max_items = max_items
+        self._ids: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._values: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._n = 0
+
+    def add(self, batch: Batch, td_abs: torch.Tensor) -> None:
+        values = td_abs.numpy()
+        for buffer, ids, part in batch.item_refs:
+            if self._n >= self.max_items:  # the coordinator is unreachable: keep the newest
+                self._ids.clear()
+                self._values.clear()
+                self._n = 0
+            self._ids[buffer].append(ids)
+            self._values[buffer].append(values[part])
+            self._n += len(ids)
+
+    def take(self) -> list[PriorityUpdate]:
+        updates = [PriorityUpdate(buffer=b, item_ids=np.concatenate(ids).tolist(),
+                                  priorities=np.concatenate(self._values[b]).tolist())
+                   for b, ids in self._ids.items()]
+        self._ids.clear()
+        self._values.clear()
+        self._n = 0
+        return updates
