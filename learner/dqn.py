@@ -25,6 +25,16 @@ class UpdateResult:
     td_abs: torch.Tensor  # |TD error| per item: the new priorities
 
 
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before
+    scaling. The same result as `torch.nn.utils.clip_grad_norm_`, in two foreach kernels:
+    on small CPU networks the library version's bookkeeping cost a third of each update."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
 class DQNLearner:
     def __init__(self, cfg: DQNConfig, spec: EnvSpec, seed: int = 0) -> None:
         torch.manual_seed(seed)
@@ -36,6 +46,7 @@ class DQNLearner:
         # fused Adam: one kernel over all parameters, about 1.3x faster per update on CPU.
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, fused=True)
         self.train_iterations = 0
+        self._params = list(self.q.parameters())
 
     def update(self, batch: Mapping[str, torch.Tensor],
                weights: torch.Tensor | None = None) -> UpdateResult:
@@ -60,7 +71,7 @@ class DQNLearner:
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)
+        grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
         self.optimizer.step()
 
         self.train_iterations += 1
