@@ -47,7 +47,7 @@ def test_cartpole_dqn_loads_with_its_values():
     assert replay.kind == "uniform" and replay.capacity == 100_000
     # the replay ratio in items: 0.25 updates of 64 items per env step, 1000 updates of slack
     assert replay.rate_limit == RateLimitConfig(min_size=1000, samples_per_insert=16,
-                                                error_buffer=64_000)
+                                                error_buffer=16_000)
     assert cfg.eval.stop_value == 475
     assert cfg.stop.max_wall_s == 600
     # sections the file leaves out take their defaults
