@@ -487,6 +487,9 @@ class Coordinator:
                       "train_iterations_per_s": round(iters_per_s, 1)},
             "buffer": {"size": self.replay.size(), "chunks": len(self.replay.registry)},
             "buffers": buffers,
+            # The same figures under the metric names the logger will use (`buffer/<name>/..`).
+            "metrics": {f"buffer/{name}/{key}": value for name, stats in buffers.items()
+                        for key, value in stats.items() if isinstance(value, int | float)},
             "collect": {"episode_return_mean": float(np.mean(returns)) if returns else None,
                         "episode_length_mean": (float(np.mean(self.recent_lengths))
                                                 if returns else None)},

@@ -450,6 +450,15 @@ def test_http_storage_holds_exactly_the_chunks_some_buffer_refers_to(coordinator
         assert stats["prio"]["released_chunks"] == i + 1 - len(held["prio"])
         assert c.status()["buffer"]["chunks"] == len(referred)
     assert ids[0] not in store.list_chunks() and ids[3] in store.list_chunks()
+    # the monitors also appear under their metric names, for the logger
+    metrics = c.status()["metrics"]
+    for name in ("uni", "prio"):
+        stats = buffer_stats(c)[name]
+        for key in ("inserts_per_s", "samples_per_s", "use_count_mean", "use_count_max",
+                    "staleness_mean", "policy_lag_mean"):
+            assert f"buffer/{name}/{key}" in metrics, key
+        for key in ("size", "evicted_items", "dropped_items", "released_chunks"):
+            assert metrics[f"buffer/{name}/{key}"] == stats[key], key
 
 
 def test_http_priorities_from_learn_info_steer_sampling_and_stale_ids_are_ignored(
