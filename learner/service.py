@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -100,6 +101,10 @@ class LearnerService(WorkerService):
 
     def _run(self) -> None:
         torch.set_num_threads(1)
+        # The prefetch thread holds the GIL in numpy/JSON work while the training thread waits
+        # to resume after each torch call; a shorter switch interval than CPython's 5 ms keeps
+        # those waits short.
+        sys.setswitchinterval(0.0005)
         cfg = self.wait_config()
         assert self.task is not None
         storage = open_storage(self.storage_url, cfg.name)

@@ -75,8 +75,9 @@ class HttpClient:
                 last = f"{type(err).__name__}: {err}"
             else:
                 if resp.status_code < 400:
-                    payload = resp.json() if resp.content else {}
-                    return response_model.model_validate(payload) if response_model else payload
+                    if response_model is not None:  # pydantic parses the bytes directly
+                        return response_model.model_validate_json(resp.content or b"{}")
+                    return resp.json() if resp.content else {}
                 body_json = _json_or_text(resp)
                 if resp.status_code not in _RETRY_STATUS:
                     raise HttpError(f"{method} {url} -> {resp.status_code}: "

@@ -7,7 +7,7 @@ half-written chunk and a crash mid-write leaves only a `.tmp` file behind.
 from __future__ import annotations
 
 import os
-import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -41,13 +41,15 @@ class DirectoryStorage(Storage):
 
     @staticmethod
     def _atomic_write(path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        # A temporary name unique to this process, thread and target (cheaper than mkstemp's
+        # random names, which showed in the learner's profile at tens of publishes a second).
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     def put_chunks(self, chunks: Mapping[str, bytes]) -> None:
