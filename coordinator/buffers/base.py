@@ -166,6 +166,19 @@ class Buffer(ABC):
             out[f"dropped/{reason}"] = float(n)
         return out
 
+    def snapshot_meta(self, **extra: str) -> dict[str, str]:
+        """The header every snapshot carries: what kind of buffer it is, then counters."""
+        return {"kind": self.kind, "name": self.name, "capacity": str(self.capacity),
+                **extra, **self.monitor_snapshot()}
+
+    def check_snapshot(self, meta: dict[str, str], **extra: str) -> None:
+        """Refuse a snapshot taken of a differently shaped buffer."""
+        expected = {"kind": self.kind, "capacity": str(self.capacity), **extra}
+        found = {key: meta.get(key) for key in expected}
+        if found != expected:
+            raise ValueError(f"snapshot of a buffer with {found} cannot restore "
+                             f"buffers.{self.name} ({expected})")
+
     def monitor_snapshot(self) -> dict[str, str]:
         """Counters, running averages and the random generator's state, as header strings."""
         m = self.monitor

@@ -214,19 +214,11 @@ class EpisodeBuffer(Buffer):
         arrays = {key: getattr(self, key).copy() for key in {**_SEGMENT_FIELDS, **_CHUNK_FIELDS}}
         arrays.update(table_ids=_pack_ids(ids), table_index=index,
                       table_free=np.array(self.table._free, dtype=np.int64))
-        meta = {"kind": self.kind, "name": self.name, "capacity": str(self.capacity),
-                "sequence_length": str(self.sequence_length), "next_uid": str(self.next_uid),
-                **self.monitor_snapshot()}
-        return arrays, meta
+        return arrays, self.snapshot_meta(sequence_length=str(self.sequence_length),
+                                          next_uid=str(self.next_uid))
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-        if (meta.get("kind") != self.kind or int(meta.get("capacity", -1)) != self.capacity
-                or int(meta.get("sequence_length", -1)) != self.sequence_length):
-            raise ValueError(f"snapshot of a {meta.get('kind')} buffer with capacity "
-                             f"{meta.get('capacity')} and sequence_length "
-                             f"{meta.get('sequence_length')} cannot restore buffers.{self.name} "
-                             f"({self.kind}, capacity {self.capacity}, sequence_length "
-                             f"{self.sequence_length})")
+        self.check_snapshot(meta, sequence_length=str(self.sequence_length))
         values = {key: np.asarray(arrays[key]).astype(dtype)
                   for key, dtype in {**_SEGMENT_FIELDS, **_CHUNK_FIELDS}.items()}
         if int(values["ch_segments"].sum()) != values["seg_length"].size:

@@ -208,15 +208,10 @@ class QueueBuffer(Buffer):
                   "released": _pack_ids(self._released)}
         for key in ("length", "policy_version", "inserted_at", "uid"):
             arrays[key] = np.array([getattr(e, key) for e in entries], dtype=np.int64)
-        meta = {"kind": self.kind, "name": self.name, "capacity": str(self.capacity),
-                "next_uid": str(self.next_uid), **self.monitor_snapshot()}
-        return arrays, meta
+        return arrays, self.snapshot_meta(next_uid=str(self.next_uid))
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-        if meta.get("kind") != self.kind or int(meta.get("capacity", -1)) != self.capacity:
-            raise ValueError(f"snapshot of a {meta.get('kind')} buffer with capacity "
-                             f"{meta.get('capacity')} cannot restore buffers.{self.name} "
-                             f"({self.kind}, capacity {self.capacity})")
+        self.check_snapshot(meta)
         columns = [arrays[key].tolist() for key in ("length", "policy_version", "inserted_at",
                                                      "uid")]
         ids = _unpack_ids(arrays["chunk_ids"])

@@ -129,15 +129,10 @@ class TransitionRing(Buffer):
                   "table_ids": _pack_ids(ids), "table_index": index,
                   "table_refs": np.array([self.table.refs[i] for i in index.tolist()],
                                          dtype=np.int64)})
-        meta = {"kind": self.kind, "name": self.name, "capacity": str(self.capacity),
-                "next_uid": str(self.next_uid), **self.monitor_snapshot()}
-        return arrays, meta
+        return arrays, self.snapshot_meta(next_uid=str(self.next_uid))
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-        if meta.get("kind") != self.kind or int(meta.get("capacity", -1)) != self.capacity:
-            raise ValueError(f"snapshot of a {meta.get('kind')} buffer with capacity "
-                             f"{meta.get('capacity')} cannot restore buffers.{self.name} "
-                             f"({self.kind}, capacity {self.capacity})")
+        self.check_snapshot(meta)
         for key in ("uid", "chunk", "row", "inserted_at", "version", "uses"):
             getattr(self, key)[:] = arrays[key]
         self.next_uid = int(meta["next_uid"])
