@@ -53,7 +53,8 @@ from bench.common import (  # noqa: E402
 )
 from collector.rollout import Rollout  # noqa: E402
 from coordinator.replay import Replay  # noqa: E402
-from learner.batching import assemble  # noqa: E402
+from learner.arena import ChunkArena  # noqa: E402
+from learner.batching import assemble_from  # noqa: E402
 from learner.dqn import DQNLearner  # noqa: E402
 from services.launcher import Child, LocalCluster  # noqa: E402
 from shared.config import RunConfig, load_config, parse_config  # noqa: E402
@@ -163,10 +164,13 @@ def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed
     plan = memory.replay.plan(SampleRequest(worker_id="bench", batch_size=cfg.algo.batch_size,
                                             num_batches=n))
 
+    arena = ChunkArena(lambda ids: [memory.chunks[c] for c in ids], cfg.learner.chunk_cache)
+
     def one_request() -> None:
         nonlocal version
         chunk_ids, parts, _ = memory.replay.sample(plan, n, learner.train_iterations, version)
-        batches = assemble([memory.chunks[c] for c in chunk_ids], parts, n)
+        offsets = arena.offsets(chunk_ids)  # may (re)allocate arena.columns: call first
+        batches = assemble_from(arena.columns, offsets, parts, n)
         for batch in batches:
             learner.update(batch.data, batch.weights)
             if learner.train_iterations % cfg.learner.publish_every == 0:

@@ -56,6 +56,15 @@ def assemble(chunks: Sequence[Mapping[str, np.ndarray]], parts: Sequence[Any],
     Dict mode: batch b is {part.key: that part's batch b}.
     """
     columns, offsets = _columns(chunks, fields)
+    return assemble_from(columns, offsets, parts, num_batches, fields, by_key)
+
+
+def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts: Sequence[Any],
+                  num_batches: int, fields: Sequence[str] = DEFAULT_FIELDS,
+                  by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
+    """As `assemble`, with chunk k's rows starting at `columns[f][offsets[k]]` (the layout a
+    `ChunkArena` keeps, so no chunk is copied per request)."""
+    columns = {f: columns[f] for f in fields}
     per_part = []
     for part in parts:
         flat = _part_rows(part, offsets)

@@ -12,42 +12,17 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 
-import numpy as np
 import torch
 
-from learner.batching import Batch, assemble
+from learner.arena import ChunkArena
+from learner.batching import Batch, assemble_from
 from shared.codec import decode_arrays
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, MixShare, SampleRequest, SampleResponse
 from shared.storage import ChunkNotFound, Storage
 
 log = logging.getLogger("rlfleet.learner")
-
-
-class ChunkCache:
-    def __init__(self, storage: Storage, capacity: int) -> None:
-        self.storage = storage
-        self.capacity = capacity
-        self._chunks: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get_many(self, chunk_ids: list[str]) -> list[dict[str, np.ndarray]]:
-        missing = [c for c in chunk_ids if c not in self._chunks]
-        self.misses += len(missing)
-        self.hits += len(chunk_ids) - len(missing)
-        if missing:
-            for chunk_id, blob in zip(missing, self.storage.get_chunks(missing), strict=True):
-                self._chunks[chunk_id] = decode_arrays(blob)[0]
-        out = []
-        for c in chunk_ids:
-            self._chunks.move_to_end(c)
-            out.append(self._chunks[c])
-        while len(self._chunks) > max(self.capacity, len(chunk_ids)):
-            self._chunks.popitem(last=False)
-        return out
 
 
 class Prefetcher:
@@ -59,7 +34,9 @@ class Prefetcher:
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.batches_per_request = batches_per_request
-        self.cache = ChunkCache(storage, cache_size)
+        self.arena = ChunkArena(
+            lambda ids: [decode_arrays(blob)[0] for blob in storage.get_chunks(ids)],
+            cache_size)
         self.mix = mix
         self.by_buffer = by_buffer
         self.ready: queue.Queue[list] = queue.Queue(maxsize=depth)
@@ -106,14 +83,14 @@ class Prefetcher:
                 continue
             t1 = time.perf_counter()
             try:
-                chunks = self.cache.get_many(resp.chunk_ids)
+                offsets = self.arena.offsets(resp.chunk_ids)
             except ChunkNotFound as err:
                 # Evicted and deleted between sampling and reading: skip these batches.
                 self.dropped_responses += 1
                 log.info("dropping a sample response: %s", err)
                 continue
-            batches = assemble(chunks, resp.parts, resp.num_batches,
-                               by_key=self.by_buffer is not None)
+            batches = assemble_from(self.arena.columns, offsets, resp.parts, resp.num_batches,
+                                    by_key=self.by_buffer is not None)
             self.fetch_s += time.perf_counter() - t1
             while not self._closing.is_set():
                 try:

@@ -14,7 +14,8 @@ import torch
 
 from collector.rollout import Rollout, evaluate
 from coordinator.replay import Replay
-from learner.batching import assemble
+from learner.arena import ChunkArena
+from learner.batching import assemble_from
 from learner.dqn import DQNLearner
 from learner.feedback import PriorityFeedback
 from shared.config import RunConfig
@@ -49,6 +50,8 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
     request = SampleRequest(worker_id="single", batch_size=algo.batch_size,
                             num_batches=cfg.learner.batches_per_request)
     plan = replay.plan(request)
+    # The learner's arena, fed from memory instead of storage: the same batching code.
+    arena = ChunkArena(lambda ids: [chunks[c] for c in ids], cfg.learner.chunk_cache)
     version = 0
     policy.load(version, learner.policy_state())
     next_eval = cfg.eval.every_env_steps
@@ -69,7 +72,8 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
         # Train as much as the rate limiter allows, exactly as the cluster's learner would.
         while (grant := replay.grantable(plan, request.num_batches)) > 0:
             chunk_ids, parts, _ = replay.sample(plan, grant, learner.train_iterations, version)
-            batches = assemble([chunks[c] for c in chunk_ids], parts, grant)
+            offsets = arena.offsets(chunk_ids)  # may (re)allocate arena.columns: call first
+            batches = assemble_from(arena.columns, offsets, parts, grant)
             feedback = PriorityFeedback()
             for batch in batches:
                 result = learner.update(batch.data, batch.weights)
