@@ -72,6 +72,7 @@ class Replay:
             self.limiters[name] = make_limiter(bcfg)
         self.insert_into = list(cfg.collector.insert_into or cfg.buffers)
         self.registry = ChunkRegistry()
+        self.generation = 0  # of the last snapshot written or loaded
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.registry
@@ -88,7 +89,7 @@ class Replay:
         fresh: list[ChunkMeta] = []
         seen: set[str] = set()
         for m in metas:  # a retried report, or an id listed twice, counts once
-            if m.chunk_id not in self.registry and m.chunk_id not in seen:
+            if not self.registry.seen(m.chunk_id) and m.chunk_id not in seen:
                 seen.add(m.chunk_id)
                 fresh.append(m)
         if not fresh:
@@ -210,17 +211,26 @@ class Replay:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def save(self, storage: Storage, counters: dict) -> None:
-        """Each buffer's index as one safetensors blob, then the counters (JSON) that say
-        which blobs belong together: a reader never mixes two generations."""
+    def snapshot(self) -> dict[str, tuple[dict[str, np.ndarray], dict[str, str]]]:
+        """Every buffer's index as copied arrays: cheap, taken under the caller's lock."""
+        return {name: buf.snapshot() for name, buf in self.buffers.items()}
+
+    @staticmethod
+    def write_snapshot(storage: Storage, state: dict, counters: dict, generation: int) -> None:
+        """Encode and write a snapshot (outside the lock). Buffer blobs are named by
+        generation and the counters' JSON, written last, points at them: a crash midway
+        leaves the previous generation whole, never a mix of two."""
+        previous = storage.get_blob("snapshot.coordinator")
         names = {}
-        for name, buf in self.buffers.items():
-            arrays, meta = buf.snapshot()
-            blob_name = f"snapshot.buffer.{name}"
-            storage.put_blob(blob_name, encode_arrays(arrays, meta))
-            names[name] = blob_name
+        for name, (arrays, meta) in state.items():
+            names[name] = f"snapshot.buffer.{name}.{generation}"
+            storage.put_blob(names[name], encode_arrays(arrays, meta))
         storage.put_blob("snapshot.coordinator", json.dumps(
-            {"counters": counters, "buffers": names}).encode())
+            {"generation": generation, "counters": counters, "buffers": names}).encode())
+        if previous is not None:
+            for old in json.loads(previous).get("buffers", {}).values():
+                if old not in names.values():
+                    storage.delete_blob(old)
 
     def load(self, storage: Storage) -> dict | None:
         """Restore every buffer from storage; returns the saved counters, or None when there
@@ -229,6 +239,7 @@ class Replay:
         if raw is None:
             return None
         state = json.loads(raw)
+        self.generation = int(state.get("generation", 0))
         for name, buf in self.buffers.items():
             blob_name = state["buffers"].get(name)
             blob = storage.get_blob(blob_name) if blob_name else None

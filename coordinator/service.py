@@ -110,6 +110,7 @@ class Coordinator:
         ]
         self._started = False
         self._last_snapshot = clock()
+        self._snapshot_lock = threading.Lock()
         self.snapshots_saved = 0
         if resume:
             self.restore()
@@ -402,10 +403,14 @@ class Coordinator:
                                     if self.best_evaluation else None)}
 
     def save_snapshot(self) -> None:
-        """Buffers' indexes and the run's counters to storage, taken under the lock so they
-        describe one moment."""
-        with self._cond:
-            self.replay.save(self.storage, self._counters())
+        """Buffers' indexes and the run's counters to storage: copied under the lock so they
+        describe one moment, encoded and written outside it so requests are not held up."""
+        with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
+            with self._cond:
+                state, counters = self.replay.snapshot(), self._counters()
+                self.replay.generation += 1
+                generation = self.replay.generation
+            self.replay.write_snapshot(self.storage, state, counters, generation)
             self._last_snapshot = self.clock()
             self.snapshots_saved += 1
 

@@ -6,6 +6,7 @@ each chunk, so a chunk is deleted from storage exactly when the last buffer lets
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
@@ -39,13 +40,21 @@ def make_limiter(cfg: BufferConfig) -> RateLimiter:
 
 
 class ChunkRegistry:
-    """chunk id -> number of buffers that refer to it."""
+    """chunk id -> number of buffers that refer to it, plus the ids released lately: a
+    collector's retried report of a chunk that was already evicted and deleted must not be
+    indexed again (its bytes are gone)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remember_released: int = 100_000) -> None:
         self.refs: dict[str, int] = {}
+        self._released: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember_released
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.refs
+
+    def seen(self, chunk_id: str) -> bool:
+        """Held now, or released not long ago."""
+        return chunk_id in self.refs or chunk_id in self._released
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -61,6 +70,9 @@ class ChunkRegistry:
             if n <= 0:
                 self.refs.pop(chunk_id, None)
                 dead.append(chunk_id)
+                self._released[chunk_id] = None
+                if len(self._released) > self._remember:
+                    self._released.popitem(last=False)
             else:
                 self.refs[chunk_id] = n
         return dead

@@ -83,5 +83,9 @@ class Storage(ABC):
     def get_blob(self, name: str) -> bytes | None:
         """A named blob, or None."""
 
+    @abstractmethod
+    def delete_blob(self, name: str) -> None:
+        """Delete a named blob (a missing one is fine)."""
+
     def close(self) -> None:  # noqa: B027 - optional for backends without connections
         """Release connections."""

@@ -93,6 +93,9 @@ class DirectoryStorage(Storage):
         except FileNotFoundError:
             return None
 
+    def delete_blob(self, name: str) -> None:
+        (self.blob_dir / validate_id(name)).unlink(missing_ok=True)
+
     def put_weights(self, version: int, data: bytes) -> None:
         self._atomic_write(self.weights_path(version), data)
         self._atomic_write(self.weight_dir / "LATEST", str(int(version)).encode())

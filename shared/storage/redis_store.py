@@ -97,6 +97,9 @@ class RedisStorage(Storage):
     def get_blob(self, name: str) -> bytes | None:
         return self._call("get_blob", self.client.get, self.key_blob(name))
 
+    def delete_blob(self, name: str) -> None:
+        self._call("delete_blob", self.client.delete, self.key_blob(name))
+
     def put_weights(self, version: int, data: bytes) -> None:
         version = int(version)
 

@@ -166,6 +166,18 @@ def test_a_chunk_in_two_buffers_dies_only_when_both_released_it():
     assert r.stats()["large"]["released_chunks"] == 4
 
 
+def test_a_late_retry_of_a_released_chunk_is_not_indexed_again():
+    """Its bytes were deleted with its release: indexing it again would hand learners a
+    chunk that storage no longer holds."""
+    r = replay({"small": buffer_config(capacity=200, rate_limit=FREE)}, mix=[("small", 1.0)])
+    for i in range(3):
+        r.insert([meta(f"c{i}", 100)], 0)
+    assert "c0" not in r  # evicted by c2
+    fresh, dead = r.insert([meta("c0", 100)], 0)
+    assert fresh == [] and dead == [] and "c0" not in r
+    assert r.buffers["small"].chunk_ids() == {"c1", "c2"}
+
+
 def test_insert_into_limits_which_buffers_hold_a_chunk():
     r = replay({"a": buffer_config(capacity=100, rate_limit=FREE),
                 "b": buffer_config(capacity=1000, rate_limit=FREE)},
@@ -229,10 +241,15 @@ def test_save_and_load_round_trip_buffers_registry_and_counters(tmp_path):
     storage = DirectoryStorage(tmp_path / "storage")
     assert busy_replay().load(storage) is None  # nothing saved yet
     counters = {"env_steps": 123, "policy_version": 4}
-    a.save(storage, counters)
+    Replay.write_snapshot(storage, a.snapshot(), {"env_steps": 1}, generation=1)
+    Replay.write_snapshot(storage, a.snapshot(), counters, generation=2)
+    # the newer generation replaced the older one's blobs
+    blobs = sorted(p.name for p in (tmp_path / "storage" / "blobs").iterdir())
+    assert blobs == sorted(["snapshot.coordinator"] + [f"snapshot.buffer.{n}.2"
+                                                         for n in a.buffers])
 
     b = Replay(a.cfg)
-    assert b.load(storage) == counters
+    assert b.load(storage) == counters and b.generation == 2
     # every chunk is held by as many buffers as before (in-flight ones queued again)
     assert b.registry.refs == a.registry.refs
     assert len(b.registry) == len(a.registry) > 0
