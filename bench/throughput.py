@@ -335,34 +335,33 @@ def main(argv: list[str] | None = None) -> int:
         coordinator = cluster.start_coordinator()
         client = HttpClient(coordinator.url, timeout_s=10, retries=2)
 
-        # (a) one collector beside Rollout in this process
-        log("(a) in-process rollout, first half...")
-        ceil_a = [rollout_steps_per_s(cfg, half, args.epsilon, args.seed)]
-        log("(a) collector: starting...")
-        collector = start_worker(cluster, client, "collector", "env_steps")
-        time.sleep(args.warmup)
-        log(f"(a) collector: measuring for {args.seconds:g} s...")
-        collect = measure_counter(client, "env_steps", args.seconds, CpuWindow(
-            {"collector": collector.proc.pid, "coordinator": coordinator.proc.pid}), collector)
-        cluster.stop([collector])
-        log("(a) in-process rollout, second half...")
-        ceil_a.append(rollout_steps_per_s(cfg, half, args.epsilon, args.seed))
+        def phase(tag: str, what: str, ceiling, role: str, counter: str
+                  ) -> tuple[Window, list[Rate]]:
+            """The in-process ceiling's first half, the worker's window, the second half."""
+            log(f"({tag}) in-process {what}, first half...")
+            halves = [ceiling()]
+            log(f"({tag}) {role}: starting...")
+            worker = start_worker(cluster, client, role, counter)
+            time.sleep(args.warmup)
+            log(f"({tag}) {role}: measuring for {args.seconds:g} s...")
+            window = measure_counter(client, counter, args.seconds, CpuWindow(
+                {role: worker.proc.pid, "coordinator": coordinator.proc.pid}), worker)
+            cluster.stop([worker])
+            log(f"({tag}) in-process {what}, second half...")
+            halves.append(ceiling())
+            return window, halves
 
+        # (a) one collector beside Rollout in this process
+        collect, ceil_a = phase(
+            "a", "rollout", lambda: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
+            "collector", "env_steps")
         # (b) one learner beside the update loop in this process, on a buffer of equal size
         buffered = client.get(f"{API}/status")["buffer"]["size"]
         log(f"(b) filling an in-memory buffer to the coordinator's {buffered:,} transitions...")
         replay = fill_memory_replay(cfg, buffered, args.seed)
-        log("(b) in-process update loop, first half...")
-        ceil_b = [update_loop_per_s(cfg, replay, half, args.seed)]
-        log("(b) learner: starting...")
-        learner = start_worker(cluster, client, "learner", "train_iterations")
-        time.sleep(args.warmup)
-        log(f"(b) learner: measuring for {args.seconds:g} s...")
-        learn = measure_counter(client, "train_iterations", args.seconds, CpuWindow(
-            {"learner": learner.proc.pid, "coordinator": coordinator.proc.pid}), learner)
-        cluster.stop([learner])
-        log("(b) in-process update loop, second half...")
-        ceil_b.append(update_loop_per_s(cfg, replay, half, args.seed))
+        learn, ceil_b = phase(
+            "b", "update loop", lambda: update_loop_per_s(cfg, replay, half, args.seed),
+            "learner", "train_iterations")
     finally:
         if client is not None:
             client.close()

@@ -45,7 +45,6 @@ class CollectorService(WorkerService):
         super().__init__(*args, **kwargs)
         self.task: CollectTask | None = None
         self._evals: queue.Queue[EvaluateTask] = queue.Queue()
-        self._wake = threading.Event()
         self._closing = threading.Event()
         self._loop: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -73,7 +72,6 @@ class CollectorService(WorkerService):
             self._evals.put(task)
         else:
             return TaskAccepted(task_id=task.task_id, accepted=False)
-        self._wake.set()
         return TaskAccepted(task_id=task.task_id, accepted=True)
 
     def _task_id(self) -> str | None:

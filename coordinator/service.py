@@ -1,4 +1,4 @@
-"""The coordinator: membership, tasks, the replay buffer, the replay ratio and the run's state.
+"""The coordinator: membership, tasks, the replay (buffers and rate limits) and the run's state.
 
 Routes (`coordinator/routes.py`) are thin: they validate a body and call one method here.
 Background work runs in three threads this object owns and stops in `close()`:

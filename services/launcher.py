@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from services.cli import free_port
 from shared.config import load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
@@ -84,8 +85,6 @@ class LocalCluster:
         self.env.pop("RLFLEET_COORDINATOR", None)
 
     def _spawn(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
-        from services.cli import free_port  # noqa: F401 - same helper the CLI uses
-
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
@@ -98,8 +97,6 @@ class LocalCluster:
         return child
 
     def start_coordinator(self, timeout_s: float = 60.0) -> Child:
-        from services.cli import free_port
-
         port = free_port()
         self.coordinator = self._spawn("coordinator", "coordinator", [
             "--config", str(self.config_path), "--run-dir", str(self.run_dir),
@@ -126,14 +123,10 @@ class LocalCluster:
         return ["--coordinator", self.coordinator.url]
 
     def start_learner(self) -> Child:
-        from services.cli import free_port
-
         return self._spawn("learner", "learner", [*self._worker_args(), "--worker-id",
                                                   "learner"], free_port())
 
     def add_collector(self) -> Child:
-        from services.cli import free_port
-
         self._collector_seq += 1
         name = f"collector-{self._collector_seq}"
         return self._spawn(name, "collector", [*self._worker_args(), "--worker-id", name],

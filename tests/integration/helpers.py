@@ -16,13 +16,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import requests
 import yaml
+
+from services.launcher import Child
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "cartpole-dqn.yaml"
@@ -142,44 +143,27 @@ def describe(pids: list[int]) -> str:
     return "; ".join(f"{p}: {proc_cmdline(p)[:200]}" for p in pids)
 
 
-@dataclass
-class Service:
+class Service(Child):
     """One `python -m services.cli <role> ...` process (a gunicorn master and its worker),
-    in its own session so the whole group can be stopped."""
-
-    name: str
-    role: str
-    proc: subprocess.Popen
-    log_path: Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    in its own session so the whole group can be stopped: the launcher's `Child`, plus what
+    tests ask of it."""
 
     def get(self, path: str, timeout: float = 5.0) -> dict:
         resp = requests.get(f"{self.url}{path}", timeout=timeout)
         resp.raise_for_status()
         return resp.json()
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
     def wait_healthy(self, timeout: float = 60.0) -> None:
         def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n"
-                                     f"{self.log_tail()}")
+                                     f"{self.tail(40)}")
             return self.get("/health", timeout=2)["ok"]
 
         try:
             wait_for(healthy, timeout, f"{self.name} to answer /health")
         except WaitTimeout as err:
-            raise WaitTimeout(f"{err}\n{self.log_tail()}") from None
+            raise WaitTimeout(f"{err}\n{self.tail(40)}") from None
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then SIGKILL the whole group if it does not exit in time."""

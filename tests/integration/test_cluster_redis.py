@@ -253,5 +253,5 @@ def test_services_stop_cleanly_on_sigterm(run: Run):
     assert run.procs is not None
     codes = run.procs.stop_all()
     assert codes == {"learner": 0, "collector": 0, "coordinator": 0}, (
-        codes, run.collector.log_tail(), run.learner.log_tail(), run.coordinator.log_tail())
+        codes, run.collector.tail(40), run.learner.tail(40), run.coordinator.tail(40))
     wait_for(lambda: not run.procs.leftovers(), 15, "the cluster's processes to exit")

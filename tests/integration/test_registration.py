@@ -97,7 +97,7 @@ def test_worker_registers_again_after_it_was_removed(processes: Processes, tmp_p
     before = _chunks_accepted(coordinator)
     wait_for(lambda: _chunks_accepted(coordinator) > before + 5, 30,
              "chunks reported under the new task")
-    assert "registering again" in collector.log_tail(200)
+    assert "registering again" in collector.tail(200)
     workers = coordinator.get(f"{API}/workers")["workers"]
     assert [w["worker_id"] for w in workers] == ["c1"], "the same worker, not a second one"
 

@@ -368,3 +368,16 @@ def collector_and_learner(c: CoordinatorProc, make_sink) -> tuple[dict, dict, di
     wait_running(c, learn["task_id"])
     assert not col_sink.errors and not lrn_sink.errors
     return col, collect, lrn, learn
+
+
+def prewarm_module(request, pool, boots: dict[str, dict],
+                   for_fixtures: dict[str, dict] | None = None) -> None:
+    """Boot, side by side, the coordinators the selected tests of the requesting module will
+    take: `boots` maps test names to configs, `for_fixtures` fixture names to configs."""
+    mine = [item for item in request.session.items if item.module is request.module]
+    names = {item.originalname for item in mine}
+    configs = [cfg for name, cfg in boots.items() if name in names]
+    for fixture, cfg in (for_fixtures or {}).items():
+        if any(fixture in item.fixturenames for item in mine):
+            configs.append(cfg)
+    pool.prewarm(*configs)

@@ -25,6 +25,7 @@ from .helpers import (
     get,
     ok,
     post,
+    prewarm_module,
     register,
     report,
     task_state,
@@ -59,12 +60,7 @@ BOOTS = {
 @pytest.fixture(scope="module", autouse=True)
 def _boot_coordinators(request, coordinator_pool):
     """Boot the coordinators the selected tests will take, side by side."""
-    mine = [item for item in request.session.items if item.module is request.module]
-    names = {item.originalname for item in mine}
-    boots = [cfg for name, cfg in BOOTS.items() if name in names]
-    if any("quiet_cluster" in item.fixturenames for item in mine):
-        boots.append(DEFAULT)
-    coordinator_pool.prewarm(*boots)
+    prewarm_module(request, coordinator_pool, BOOTS, {"quiet_cluster": DEFAULT})
 
 
 # -- helpers ------------------------------------------------------------------------------

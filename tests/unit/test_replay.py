@@ -34,6 +34,7 @@ from .helpers import (
     make_config,
     ok,
     post,
+    prewarm_module,
     register,
     report,
     wait_for,
@@ -310,9 +311,7 @@ BOOTS = {
 @pytest.fixture(scope="module", autouse=True)
 def _boot_coordinators(request, coordinator_pool):
     """Boot the coordinators the selected tests will take, side by side."""
-    names = {item.originalname for item in request.session.items
-             if item.module is request.module}
-    coordinator_pool.prewarm(*[cfg for name, cfg in BOOTS.items() if name in names])
+    prewarm_module(request, coordinator_pool, BOOTS)
 
 
 def buffer_stats(c: CoordinatorProc, name: str | None = None) -> dict:
