@@ -3,7 +3,7 @@
 (a) Collector: one collector process (coordinator up, no learner, no replay-ratio throttling,
     no evaluations) writes chunks to storage and reports them; its env steps/s come from the
     coordinator's counters over a fixed window. Ceiling: `collector.rollout.Rollout` over the
-    same vector env and `DQNPolicy` (same num_envs, chunk_size, hidden sizes, epsilon) stepped
+    same vector env and DQN policy (same num_envs, chunk_size, hidden sizes, epsilon) stepped
     here with `torch.set_num_threads(1)`, nothing else running.
 (b) Learner: with the buffer filled by (a)'s collector and the collector stopped, one learner
     process trains freely on what the coordinator samples and reads chunks from storage; its
@@ -55,12 +55,11 @@ from collector.rollout import Rollout  # noqa: E402
 from coordinator.replay import Replay  # noqa: E402
 from learner.arena import ChunkArena  # noqa: E402
 from learner.batching import assemble_from  # noqa: E402
-from learner.dqn import DQNLearner  # noqa: E402
 from services.launcher import Child, LocalCluster  # noqa: E402
-from shared.config import RunConfig, load_config, parse_config  # noqa: E402
+from shared.algos.base import make_policy  # noqa: E402
+from shared.config import DQNConfig, RunConfig, load_config, parse_config  # noqa: E402
 from shared.envs import env_spec, make_vector_env  # noqa: E402
 from shared.http import HttpClient, HttpError  # noqa: E402
-from shared.policies import DQNPolicy  # noqa: E402
 from shared.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
@@ -107,17 +106,22 @@ def mean_rate(halves: list[Rate]) -> Rate:
                 sum(h.cpu_s for h in halves))
 
 
+def fixed_epsilon(algo: DQNConfig, epsilon: float) -> DQNConfig:
+    """The DQN settings with a constant epsilon, so both sides explore alike."""
+    return algo.model_copy(update={"eps_start": epsilon, "eps_end": epsilon})
+
+
 def rollout_steps_per_s(cfg: RunConfig, seconds: float, epsilon: float, seed: int) -> Rate:
     """Env steps/s of `Rollout.collect` on the collector's vector env and policy."""
     torch.set_num_threads(1)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
-    policy = DQNPolicy(env_spec(cfg.env), cfg.algo.hidden_sizes, seed=seed)
+    policy = make_policy(fixed_epsilon(cfg.algo, epsilon), env_spec(cfg.env), seed)
     rollout = Rollout(envs, policy, cfg.collector.chunk_size)
-    rollout.collect(epsilon)  # warm-up: first torch call, first chunk's allocations
+    rollout.collect()  # warm-up: first torch call, first chunk's allocations
     start_steps = rollout.env_steps
     t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
-        rollout.collect(epsilon)
+        rollout.collect()
     rate = Rate(rollout.env_steps - start_steps, time.perf_counter() - t0,
                 time.process_time() - c0)
     envs.close()
@@ -135,12 +139,12 @@ class MemoryReplay:
 def fill_memory_replay(cfg: RunConfig, transitions: int, seed: int) -> MemoryReplay:
     torch.set_num_threads(1)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
-    policy = DQNPolicy(env_spec(cfg.env), cfg.algo.hidden_sizes, seed=seed)
+    policy = make_policy(fixed_epsilon(cfg.algo, 1.0), env_spec(cfg.env), seed)
     rollout = Rollout(envs, policy, cfg.collector.chunk_size)
     memory = MemoryReplay(Replay(cfg))
     full = False  # a full buffer may hold a little less than `transitions` (whole chunks)
     while memory.replay.size() < transitions and not full:
-        chunk = rollout.collect(1.0)
+        chunk = rollout.collect()
         chunk_id = uuid.uuid4().hex
         memory.chunks[chunk_id] = chunk.arrays
         _, dead = memory.replay.insert([ChunkMeta(chunk_id=chunk_id, length=chunk.length,
@@ -157,8 +161,8 @@ def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed
     """Train iterations/s of the single-process runner's inner loop, fed from memory."""
     torch.set_num_threads(1)
     spec = env_spec(cfg.env)
-    learner = DQNLearner(cfg.algo, spec, seed=seed)
-    policy = DQNPolicy(spec, cfg.algo.hidden_sizes, seed=seed)
+    learner = make_policy(cfg.algo, spec, seed)
+    policy = make_policy(cfg.algo, spec, seed)
     version = 0
     n = cfg.learner.batches_per_request
     plan = memory.replay.plan(SampleRequest(worker_id="bench", batch_size=cfg.algo.batch_size,
@@ -172,10 +176,10 @@ def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed
         offsets = arena.offsets(chunk_ids)  # may (re)allocate arena.columns: call first
         batches = assemble_from(arena.columns, offsets, parts, n)
         for batch in batches:
-            learner.update(batch.data, batch.weights)
+            learner.learn(batch.data, batch.weights)
             if learner.train_iterations % cfg.learner.publish_every == 0:
                 version += 1
-                policy.load(version, learner.policy_state())
+                policy.load_policy(version, learner.policy_state())
 
     one_request()  # warm-up
     start_iters = learner.train_iterations

@@ -2,15 +2,17 @@
 
 For each seed, the whole cluster runs as local processes (`rlfleet up`, a subprocess) until
 the coordinator's evaluation reaches the config's stop value (475), then the single-process
-runner (`services.single.run_single`: the same rollout, buffer, batching and DQN code wired by
-function calls, no HTTP and no storage) trains the same config with the same seed in this
+runner (`services.single.run_single`: the same rollout, buffers, batching and policy code
+wired by function calls, no HTTP and no storage) trains the same config with the same seed in this
 process. Their ratio is the cost of distribution on this machine, measured in the same run.
 
-    python bench/time_to_solve.py --algo dqn [--seeds 0 1 2] [--collectors 2]
+    python bench/time_to_solve.py --algo dqn|ppo [--seeds 0 1 2] [--collectors 2]
                                   [--storage DIR_OR_REDIS_URL]
 
 Cluster times: `run_seconds` is the coordinator's clock from its start to the solving
-evaluation; `wall_seconds` is the launcher's, process start-up and shutdown included. The time
+evaluation; `train` starts at the first chunk the coordinator accepted (workers' start-up, 2-6 s
+of importing torch on this machine, left out: it dominates PPO's few-second solves);
+`wall_seconds` is the launcher's, process start-up and shutdown included. The time
 to 195 comes from the coordinator's evaluation history (`<run-dir>/evaluations.json`).
 The last line of stdout is one JSON object (see `summarise`).
 """
@@ -43,7 +45,8 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 
-CONFIGS = {"dqn": REPO_ROOT / "configs" / "cartpole-dqn.yaml"}
+CONFIGS = {"dqn": REPO_ROOT / "configs" / "cartpole-dqn.yaml",
+           "ppo": REPO_ROOT / "configs" / "cartpole-ppo.yaml"}
 EASY_TARGET = 195.0  # CartPole-v0's threshold: an earlier, noisier milestone
 
 
@@ -53,6 +56,7 @@ class ClusterResult:
     solved: bool
     outcome: str
     run_s: float | None    # coordinator start -> solving evaluation
+    train_s: float | None  # first chunk accepted -> solving evaluation (start-up excluded)
     wall_s: float | None   # launcher start -> cluster stopped (start-up included)
     t195_s: float | None   # coordinator start -> first evaluation >= 195
     env_steps: int | None
@@ -91,8 +95,8 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
     if not summary_path.exists():
         log(f"[red]seed {seed}: rlfleet up exited with {code} and no summary; see "
             f"{run_dir / 'up.log'}[/]")
-        return ClusterResult(seed, False, f"exit {code}", None, None, None, None, None, 0,
-                             run_dir)
+        return ClusterResult(seed, False, f"exit {code}", None, None, None, None, None, None,
+                             0, run_dir)
     summary = json.loads(summary_path.read_text())
     evaluations = json.loads(evals_path.read_text()) if evals_path.exists() else []
     if not evals_path.exists():
@@ -102,6 +106,8 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
     return ClusterResult(
         seed=seed, solved=solved, outcome=summary["outcome"],
         run_s=summary["run_seconds"] if solved else None,
+        train_s=(summary["run_seconds"] - summary["first_chunk_seconds"]
+                 if solved and summary.get("first_chunk_seconds") is not None else None),
         wall_s=summary["wall_seconds"] if solved else None,
         t195_s=easy["wall_time"] if easy else None,
         env_steps=summary["env_steps"], train_iterations=summary["train_iterations"],
@@ -122,23 +128,28 @@ def run_single_process(config: Path, seed: int) -> SingleResult:
 def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
           stop_value: float | None) -> Table:
     t = Table(title=f"time to solve (eval return >= {stop_value:g}): cluster vs single process",
-              caption="cluster t: coordinator start -> solving evaluation; wall: launcher, "
+              caption="cluster t: coordinator start -> solving evaluation; train: first chunk "
+                      "-> solving evaluation (workers' start-up excluded); wall: launcher, "
                       "process start-up included; '-' = not reached within the run's limits",
               show_lines=False)
-    for name in ("seed", "cluster t→475", "cluster wall", "single t→475", "ratio",
+    for name in ("seed", "cluster t→475", "cluster train", "cluster wall", "single t→475",
+                 "ratio", "ratio train",
                  "cluster t→195", "single t→195", "ratio 195", "cluster env steps",
                  "single env steps", "cluster outcome"):
         t.add_column(name, justify="right" if name != "cluster outcome" else "left")
     for c, s in zip(clusters, singles, strict=True):
-        t.add_row(str(c.seed), fmt(c.run_s, ".1f", " s"), fmt(c.wall_s, ".1f", " s"),
+        t.add_row(str(c.seed), fmt(c.run_s, ".1f", " s"), fmt(c.train_s, ".1f", " s"),
+                  fmt(c.wall_s, ".1f", " s"),
                   fmt(s.solve_s, ".1f", " s"), fmt(ratio(c.run_s, s.solve_s), ".2f", "x"),
+                  fmt(ratio(c.train_s, s.solve_s), ".2f", "x"),
                   fmt(c.t195_s, ".1f", " s"), fmt(s.t195_s, ".1f", " s"),
                   fmt(ratio(c.t195_s, s.t195_s), ".2f", "x"),
                   fmt(c.env_steps, ","), fmt(s.env_steps, ","), c.outcome)
     t.add_section()
     t.add_row("median", fmt(med["cluster_solve_s"], ".1f", " s"),
-              fmt(med["cluster_wall_s"], ".1f", " s"),
+              fmt(med["cluster_train_s"], ".1f", " s"), fmt(med["cluster_wall_s"], ".1f", " s"),
               fmt(med["single_process_solve_s"], ".1f", " s"), fmt(med["ratio"], ".2f", "x"),
+              fmt(med["ratio_train"], ".2f", "x"),
               fmt(med["cluster_solve_195_s"], ".1f", " s"),
               fmt(med["single_solve_195_s"], ".1f", " s"), fmt(med["ratio_195"], ".2f", "x"),
               fmt(med["cluster_env_steps"], ",.0f"), fmt(med["single_env_steps"], ",.0f"),
@@ -151,6 +162,7 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
     """Medians over seeds; a time is left out of its median when that seed did not reach the
     target (so `solved_seeds` must be read beside them)."""
     cluster_s = median(c.run_s for c in clusters)
+    train_s = median(c.train_s for c in clusters)
     single_s = median(s.solve_s for s in singles)
     cluster_195 = median(c.t195_s for c in clusters)
     single_195 = median(s.t195_s for s in singles)
@@ -158,6 +170,8 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
         "cluster_solve_s": rounded(cluster_s),
         "single_process_solve_s": rounded(single_s),
         "ratio": rounded(ratio(cluster_s, single_s)),
+        "cluster_train_s": rounded(train_s),
+        "ratio_train": rounded(ratio(train_s, single_s)),
         "cluster_solve_195_s": rounded(cluster_195),
         "solved_seeds": [c.seed for c in clusters if c.solved],
         "single_solve_195_s": rounded(single_195),
@@ -170,6 +184,7 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
         "collectors": collectors,
         "seeds": [c.seed for c in clusters],
         "per_seed": [{"seed": c.seed, "cluster_solve_s": rounded(c.run_s),
+                      "cluster_train_s": rounded(c.train_s),
                       "cluster_wall_s": rounded(c.wall_s),
                       "cluster_solve_195_s": rounded(c.t195_s), "cluster_env_steps": c.env_steps,
                       "single_process_solve_s": rounded(s.solve_s),

@@ -1,5 +1,14 @@
 """Stepping a vector env with a policy and cutting the stream into chunks.
 
+Two ways to cut (`collector.mode`):
+- *samples*: `chunk_size` transitions (rounded up to whole vector steps), stored env-major:
+  each env's steps are contiguous rows, so an episode is a run of rows and a chunk may start
+  or stop mid-episode;
+- *episodes*: `episodes_per_chunk` whole episodes, each a contiguous run of rows; an episode
+  is never split over two chunks nor mixed with another.
+
+Every chunk has the fields of `shared.algos.base.BASE_FIELDS` (`cut` marks the last row of
+each run), the policy's extras, and `bootstrap_value` for policies that bootstrap cut runs.
 No HTTP and no storage here: the collector service and the single-process runner both drive
 this loop, which is what makes their throughput comparable.
 """
@@ -11,7 +20,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
-from shared.core import Policy
+from shared.algos.base import Policy
 from shared.envs import final_next_obs
 
 
@@ -43,66 +52,161 @@ def episode_segments(done: np.ndarray) -> list[tuple[int, int]]:
     return segments
 
 
-class Rollout:
-    """A chunk holds `chunk_size` transitions (rounded up to whole vector steps), stored
-    env-major: each env's steps are contiguous rows, so an episode is a run of rows."""
+def _as_stored(value: np.ndarray) -> np.ndarray:
+    """float64 from envs and numpy becomes float32: chunks are half the size, and torch
+    trains in float32 anyway."""
+    value = np.asarray(value)
+    return value.astype(np.float32) if value.dtype == np.float64 else value
 
-    def __init__(self, envs: gym.vector.VectorEnv, policy: Policy, chunk_size: int) -> None:
+
+class Rollout:
+    def __init__(self, envs: gym.vector.VectorEnv, policy: Policy, chunk_size: int = 256,
+                 mode: str = "samples", episodes_per_chunk: int = 4) -> None:
+        if mode not in ("samples", "episodes"):
+            raise ValueError(f"collector.mode={mode!r}: expected 'samples' or 'episodes'")
         self.envs = envs
         self.policy = policy
+        self.mode = mode
         self.n = envs.num_envs
         self.steps_per_chunk = max(1, -(-chunk_size // self.n))
+        self.episodes_per_chunk = episodes_per_chunk
         self.obs, _ = envs.reset()
         self.ep_return = np.zeros(self.n, dtype=np.float64)
         self.ep_length = np.zeros(self.n, dtype=np.int64)
         self.env_steps = 0
+        self.bootstraps = policy.bootstrap(self.obs[:1]) is not None
+        # episodes mode: recent vector steps (one dict of (n, ...) arrays each), the absolute
+        # index of the first one, each env's episode start, and finished episodes waiting.
+        self._steps: list[dict[str, np.ndarray]] = []
+        self._versions: list[int] = []
+        self._base = 0
+        self._start = np.zeros(self.n, dtype=np.int64)
+        self._done_eps: list[tuple[dict[str, np.ndarray], float, int, int]] = []
 
-    def collect(self, epsilon: float) -> Chunk:
-        """Run `steps_per_chunk` vector steps and return them as one chunk."""
+    def collect(self, env_step: int = 0) -> Chunk:
+        """The next chunk; `env_step` is the run's global env step count (for exploration
+        schedules)."""
+        if self.mode == "episodes":
+            return self._collect_episodes(env_step)
+        return self._collect_samples(env_step)
+
+    # -- one vector step --------------------------------------------------------------------
+
+    def _step(self, env_step: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Act and step once; the step's fields (without `cut`) and its done flags."""
+        out = self.policy.act(self.obs, env_step)
+        next_obs, reward, terminated, truncated, info = self.envs.step(out.actions)
+        done = terminated | truncated
+        real_next = final_next_obs(next_obs, info, done)
+        step = {"obs": _as_stored(self.obs), "action": _as_stored(out.actions),
+                "reward": reward.astype(np.float32), "next_obs": _as_stored(real_next),
+                "terminated": terminated.astype(bool), "truncated": truncated.astype(bool)}
+        for key, value in out.extras.items():
+            step[key] = _as_stored(value)
+        if self.bootstraps:
+            boot = np.zeros(self.n, dtype=np.float32)
+            cut_alive = truncated & ~terminated  # the episode goes on past the time limit
+            if cut_alive.any():
+                idx = np.flatnonzero(cut_alive)
+                boot[idx] = self.policy.bootstrap(real_next[idx])
+            step["bootstrap_value"] = boot
+        self.ep_return += reward
+        self.ep_length += 1
+        self.obs = next_obs
+        self.env_steps += self.n
+        return step, done
+
+    def _finish(self, i: int) -> tuple[float, int]:
+        ret, length = float(self.ep_return[i]), int(self.ep_length[i])
+        self.ep_return[i] = 0.0
+        self.ep_length[i] = 0
+        return ret, length
+
+    # -- samples mode -----------------------------------------------------------------------
+
+    def _collect_samples(self, env_step: int) -> Chunk:
         T, n = self.steps_per_chunk, self.n
-        obs_buf = np.empty((T, n, *self.obs.shape[1:]), dtype=np.float32)
-        next_buf = np.empty_like(obs_buf)
-        act_buf = np.empty((T, n), dtype=np.int64)
-        rew_buf = np.empty((T, n), dtype=np.float32)
-        term_buf = np.empty((T, n), dtype=bool)
-        trunc_buf = np.empty((T, n), dtype=bool)
+        bufs: dict[str, np.ndarray] = {}
         returns: list[float] = []
         lengths: list[int] = []
+        done_buf = np.empty((T, n), dtype=bool)
         version = self.policy.version
         for t in range(T):
-            actions = self.policy.act(self.obs, epsilon)
-            next_obs, reward, terminated, truncated, info = self.envs.step(actions)
-            done = terminated | truncated
-            obs_buf[t] = self.obs
-            next_buf[t] = final_next_obs(next_obs, info, done)
-            act_buf[t] = actions
-            rew_buf[t] = reward
-            term_buf[t] = terminated
-            trunc_buf[t] = truncated
-            self.ep_return += reward
-            self.ep_length += 1
+            step, done = self._step(env_step)
+            for key, value in step.items():
+                if key not in bufs:
+                    bufs[key] = np.empty((T, *value.shape), dtype=value.dtype)
+                bufs[key][t] = value
+            done_buf[t] = done
             for i in np.flatnonzero(done):
-                returns.append(float(self.ep_return[i]))
-                lengths.append(int(self.ep_length[i]))
-                self.ep_return[i] = 0.0
-                self.ep_length[i] = 0
-            self.obs = next_obs
-        self.env_steps += T * n
+                ret, length = self._finish(i)
+                returns.append(ret)
+                lengths.append(length)
+        cut = done_buf.copy()
+        cut[T - 1] = True
+        bufs["cut"] = cut
+        if self.bootstraps:  # runs cut by the chunk's end continue from the current obs
+            alive = np.flatnonzero(~done_buf[T - 1])
+            if alive.size:
+                bufs["bootstrap_value"][T - 1, alive] = self.policy.bootstrap(self.obs[alive])
+
         # Env-major rows: each env's T steps are contiguous, so episodes are runs of rows.
         def env_major(buf: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(buf.swapaxes(0, 1)).reshape(T * n, *buf.shape[2:])
 
-        arrays = {"obs": env_major(obs_buf), "action": env_major(act_buf),
-                  "reward": env_major(rew_buf), "next_obs": env_major(next_buf),
-                  "terminated": env_major(term_buf), "truncated": env_major(trunc_buf)}
-        segments = episode_segments(term_buf | trunc_buf)
-        return Chunk(arrays, version, returns, lengths, segments)
+        arrays = {key: env_major(buf) for key, buf in bufs.items()}
+        return Chunk(arrays, version, returns, lengths, episode_segments(done_buf))
+
+    # -- episodes mode ----------------------------------------------------------------------
+
+    def _collect_episodes(self, env_step: int) -> Chunk:
+        while len(self._done_eps) < self.episodes_per_chunk:
+            step, done = self._step(env_step)
+            self._steps.append(step)
+            self._versions.append(self.policy.version)
+            now = self._base + len(self._steps) - 1
+            for i in np.flatnonzero(done):
+                self._done_eps.append(self._extract(i, now))
+            self._trim()
+        episodes = self._done_eps[:self.episodes_per_chunk]
+        del self._done_eps[:self.episodes_per_chunk]
+        arrays = {key: np.concatenate([ep[0][key] for ep in episodes])
+                  for key in episodes[0][0]}
+        segments, row = [], 0
+        for _, _, length, _ in episodes:
+            segments.append((row, length))
+            row += length
+        return Chunk(arrays, min(ep[3] for ep in episodes), [ep[1] for ep in episodes],
+                     [ep[2] for ep in episodes], segments)
+
+    def _extract(self, i: int, last: int) -> tuple[dict[str, np.ndarray], float, int, int]:
+        """Env i's episode that ended at absolute step `last`: (rows, return, length, oldest
+        policy version that acted in it)."""
+        first = int(self._start[i])
+        window = self._steps[first - self._base:last - self._base + 1]
+        rows = {key: np.stack([s[key] for s in window])[:, i] for key in window[0]}
+        cut = np.zeros(len(window), dtype=bool)
+        cut[-1] = True
+        rows["cut"] = cut
+        version = min(self._versions[first - self._base:last - self._base + 1])
+        ret, length = self._finish(i)
+        self._start[i] = last + 1
+        return rows, ret, length, version
+
+    def _trim(self) -> None:
+        """Forget vector steps no unfinished episode needs."""
+        drop = int(self._start.min()) - self._base
+        if drop > 0:
+            del self._steps[:drop]
+            del self._versions[:drop]
+            self._base += drop
 
 
-def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int,
-             seed: int) -> tuple[list[float], list[int]]:
-    """Run exactly `episodes` deterministic episodes spread evenly over the envs (env i runs
-    episodes i, i+n, ...), so short episodes cannot crowd out long ones in the mean."""
+def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
+             deterministic: bool = True) -> tuple[list[float], list[int]]:
+    """Run exactly `episodes` episodes spread evenly over the envs (env i runs episodes i,
+    i+n, ...), so short episodes cannot crowd out long ones in the mean (the bias of
+    counting whichever episodes finish first)."""
     n = envs.num_envs
     quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     obs, _ = envs.reset(seed=seed)
@@ -111,7 +215,8 @@ def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int,
     returns: list[float] = []
     lengths: list[int] = []
     while (quota > 0).any():
-        next_obs, reward, terminated, truncated, _ = envs.step(policy.act_eval(obs))
+        actions = policy.act_eval(obs, deterministic)
+        next_obs, reward, terminated, truncated, _ = envs.step(actions)
         active = quota > 0
         ep_return += np.where(active, reward, 0.0)
         ep_length += active

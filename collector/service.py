@@ -18,21 +18,23 @@ import torch
 from collector.adder import StorageAdder
 from collector.rollout import Rollout, evaluate
 from collector.weights import StorageWeightSource
+from shared.algos.base import Policy, make_policy
+from shared.codec import encode_weights
 from shared.envs import env_spec, make_vector_env
 from shared.http import HttpError
-from shared.policies import DQNPolicy, linear_epsilon
 from shared.schemas import (
     API,
     CollectPermitRequest,
     CollectPermitResponse,
     CollectTask,
+    EvalEpisodes,
     EvaluateTask,
     EvaluationReport,
     Role,
     TaskAccepted,
     TaskEnvelope,
 )
-from shared.storage import open_storage
+from shared.storage import Storage, StorageError, evaluated_blob, open_storage
 from shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.collector")
@@ -99,26 +101,28 @@ class CollectorService(WorkerService):
         spec = env_spec(cfg.env)
         seed = self.task.seed
         envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
-        policy = DQNPolicy(spec, cfg.algo.hidden_sizes, seed=seed)
+        policy = make_policy(cfg.algo, spec, seed)
         weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s)
-        rollout = Rollout(envs, policy, cfg.collector.chunk_size)
+        task = self.task
+        rollout = Rollout(envs, policy, task.chunk_size, task.mode, task.episodes_per_chunk)
         eval_envs = None
-        algo = cfg.algo
         try:
             while not self._closing.is_set() and not adder.stop.is_set():
                 while not self._evals.empty():
                     task = self._evals.get_nowait()
                     if eval_envs is None or eval_envs.num_envs != task.num_envs:
                         eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
-                    self._evaluate(task, eval_envs, policy, weights)
+                    self._evaluate(task, eval_envs, policy, weights, storage)
                 if adder.throttle.is_set() and not self._wait_for_permit(adder):
                     continue
                 self._refresh(policy, weights)
-                eps = linear_epsilon(max(adder.global_env_steps, rollout.env_steps),
-                                     algo.eps_start, algo.eps_end, algo.eps_decay_steps)
-                chunk = rollout.collect(eps)
+                if rollout.bootstraps and policy.version < 0:
+                    # On-policy data must carry the log-probs of a published policy.
+                    self._closing.wait(0.05)
+                    continue
+                chunk = rollout.collect(max(adder.global_env_steps, rollout.env_steps))
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments)
                 self.env_steps = rollout.env_steps
@@ -132,11 +136,11 @@ class CollectorService(WorkerService):
                 eval_envs.close()
             storage.close()
 
-    def _refresh(self, policy: DQNPolicy, weights: StorageWeightSource,
+    def _refresh(self, policy: Policy, weights: StorageWeightSource,
                  force: bool = False) -> None:
         got = weights.poll(policy.version, force=force)
         if got is not None:
-            policy.load(*got)
+            policy.load_policy(*got)
             self.policy_version = policy.version
             self.policy_loads += 1
 
@@ -158,17 +162,25 @@ class CollectorService(WorkerService):
             adder.throttle.clear()
         return resp.granted
 
-    def _evaluate(self, task: EvaluateTask, envs, policy: DQNPolicy,
-                  weights: StorageWeightSource) -> None:
+    def _evaluate(self, task: EvaluateTask, envs, policy: Policy,
+                  weights: StorageWeightSource, storage: Storage) -> None:
+        """Deterministic, then (if asked) stochastic episodes from the same seed, so the two
+        figures differ only by how actions are chosen."""
         if policy.version < task.policy_version:
             self._refresh(policy, weights, force=True)
-        returns, lengths = evaluate(envs, policy, task.episodes, task.seed)
+        runs = {}
+        for deterministic in (True, False) if task.stochastic else (True,):
+            returns, lengths = evaluate(envs, policy, task.episodes, task.seed, deterministic)
+            runs["deterministic" if deterministic else "stochastic"] = EvalEpisodes(
+                returns=returns, lengths=lengths)
         self.evaluations_run += 1
         try:
+            storage.put_blob(evaluated_blob(task.task_id), encode_weights(
+                policy.policy_state(), {"policy_version": str(policy.version)}))
             self.agent.client.post(f"{API}/evaluations", EvaluationReport(
                 worker_id=self.agent.worker_id, task_id=task.task_id,
-                policy_version=policy.version, returns=returns, lengths=lengths))
-        except HttpError as err:
+                policy_version=policy.version, **runs))
+        except (HttpError, StorageError) as err:
             log.warning("could not report evaluation %s: %s", task.task_id, err)
 
     # -- reporting --------------------------------------------------------------------------

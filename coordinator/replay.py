@@ -68,7 +68,7 @@ class Replay:
         self.limiters: dict[str, RateLimiter] = {}
         for i, (name, bcfg) in enumerate(cfg.buffers.items()):
             self.buffers[name] = make_buffer(name, bcfg, cfg.seed * 1009 + i,
-                                             cfg.algo.priority_eps)
+                                             getattr(cfg.algo, "priority_eps", 1e-6))
             self.limiters[name] = make_limiter(bcfg)
         self.insert_into = list(cfg.collector.insert_into or cfg.buffers)
         self.registry = ChunkRegistry()

@@ -31,6 +31,7 @@ from shared.schemas import (
     CollectPermitRequest,
     CollectPermitResponse,
     CollectTask,
+    EvalSummary,
     EvaluateTask,
     EvaluationReport,
     EvaluationResult,
@@ -48,9 +49,16 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import open_storage
+from shared.storage import evaluated_blob, open_storage
 
 log = logging.getLogger("rlfleet.coordinator")
+
+
+def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
+    r = np.asarray(returns, dtype=np.float64)
+    return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
+                       return_min=float(r.min()), return_max=float(r.max()),
+                       length_mean=float(np.mean(lengths)))
 
 EVAL_TIMEOUT_S = 120.0
 
@@ -92,10 +100,13 @@ class Coordinator:
         self.recent_lengths: deque[int] = deque(maxlen=100)
         self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
         self.best_evaluation: EvaluationResult | None = None
-        self.next_eval_at = cfg.eval.every_env_steps
+        self.best_policy_version: int | None = None
+        self.next_eval_at = cfg.eval.every_env_steps or 0
+        self.next_eval_iteration = cfg.eval.every_train_iterations or 0
         self.stop_reason: str | None = None
         self.solved = False
         self.stopped_at: float | None = None
+        self.first_chunk_at: float | None = None  # when collection really began
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
         self._eval_rr = 0
         # Background threads.
@@ -188,7 +199,10 @@ class Coordinator:
     def _assign_main_task(self, worker: Worker) -> TaskRecord:
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
-            task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed)
+            c = self.cfg.collector
+            task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed,
+                               mode=c.mode, chunk_size=c.chunk_size,
+                               episodes_per_chunk=c.episodes_per_chunk)
         else:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
@@ -248,12 +262,14 @@ class Coordinator:
                 self.recent_returns.extend(c.episode_returns)
                 self.recent_lengths.extend(c.episode_lengths)
             self.chunks_accepted += len(fresh)
+            if fresh and self.first_chunk_at is None:
+                self.first_chunk_at = self.clock()
             throttle = self.replay.inserts_blocked()
             self._cond.notify_all()
             env_steps = self.env_steps
         if dead:
             self._delete_q.put(dead)
-        if env_steps >= self.next_eval_at:
+        if self._evaluation_due():
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
                                    throttle_s=0.05 if throttle else 0.0, stop=self.stopped)
@@ -313,8 +329,14 @@ class Coordinator:
 
     # -- evaluation -------------------------------------------------------------------------
 
+    def _evaluation_due(self) -> bool:
+        ev = self.cfg.eval
+        return ((ev.every_env_steps is not None and self.env_steps >= self.next_eval_at)
+                or (ev.every_train_iterations is not None
+                    and self.train_iterations >= self.next_eval_iteration))
+
     def _maybe_start_evaluation(self) -> None:
-        if self.stopped or self.env_steps < self.next_eval_at or self.policy_version < 0:
+        if self.stopped or not self._evaluation_due() or self.policy_version < 0:
             return
         if self.tasks.active(TaskKind.EVALUATE):
             return
@@ -332,24 +354,32 @@ class Coordinator:
         task = EvaluateTask(task_id=self.tasks.new_id(TaskKind.EVALUATE),
                             policy_version=self.policy_version, episodes=ev.episodes,
                             num_envs=min(ev.num_envs, ev.episodes),
-                            seed=self.cfg.seed * 7919 + self.next_eval_at)
-        self.next_eval_at = self.env_steps + ev.every_env_steps
+                            seed=self.cfg.seed * 7919 + self._eval_rr,
+                            stochastic=ev.stochastic)
+        if ev.every_env_steps is not None:
+            self.next_eval_at = self.env_steps + ev.every_env_steps
+        if ev.every_train_iterations is not None:
+            self.next_eval_iteration = self.train_iterations + ev.every_train_iterations
         self._push_q.put(self.tasks.add(task, worker.worker_id))
 
     def report_evaluation(self, req: EvaluationReport) -> EvaluationResult:
         self.members.touch(req.worker_id)
         rec = self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
-        returns = np.asarray(req.returns, dtype=np.float64)
+        det = summarise_episodes(req.deterministic.returns, req.deterministic.lengths)
+        sto = (summarise_episodes(req.stochastic.returns, req.stochastic.lengths)
+               if req.stochastic else None)
         result = EvaluationResult(
             task_id=req.task_id, worker_id=req.worker_id, policy_version=req.policy_version,
             env_steps=self.env_steps, train_iterations=self.train_iterations,
-            episodes=len(returns), return_mean=float(returns.mean()),
-            return_std=float(returns.std()), length_mean=float(np.mean(req.lengths)),
-            wall_time=self.clock() - self.started_at)
+            episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
+            length_mean=det.length_mean, wall_time=self.clock() - self.started_at,
+            deterministic=det, stochastic=sto)
         self.tasks.end(rec.task_id, TaskState.FINISHED)
         self.evaluations.append(result)
         if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
             self.best_evaluation = result
+            self._keep_best_policy(result)
+        self._forget_evaluated(result.task_id)
         log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f", result.policy_version,
                  result.env_steps, result.return_mean, result.return_std)
         stop_value = self.cfg.eval.stop_value
@@ -357,6 +387,34 @@ class Coordinator:
             self.solved = True
             self.stop(f"solved: evaluation return {result.return_mean:.1f} >= {stop_value}")
         return result
+
+    def _keep_best_policy(self, result: EvaluationResult) -> None:
+        """Keep the weights of the best-evaluated policy as `best_policy` in storage (and
+        `best_policy.safetensors` in the run directory): they are the run's result. The
+        collector stored what it evaluated under `evaluated-<task id>`, because published
+        versions are pruned long before an evaluation ends."""
+        try:
+            blob = self.storage.get_blob(evaluated_blob(result.task_id))
+            if blob is None:
+                log.warning("no weights stored for evaluation %s; best policy not updated",
+                            result.task_id)
+                return
+            self.storage.put_blob("best_policy", blob)
+        except Exception:  # storage trouble must not fail the evaluation report
+            log.exception("could not keep the policy of evaluation %s", result.task_id)
+            return
+        self.best_policy_version = result.policy_version
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / "best_policy.safetensors.tmp"
+            tmp.write_bytes(blob)
+            tmp.replace(self.run_dir / "best_policy.safetensors")
+
+    def _forget_evaluated(self, task_id: str) -> None:
+        try:
+            self.storage.delete_blob(evaluated_blob(task_id))
+        except Exception:  # an orphaned blob is harmless; logged for the operator
+            log.exception("could not delete the weights of evaluation %s", task_id)
 
     # -- background threads -----------------------------------------------------------------
 
@@ -398,6 +456,8 @@ class Coordinator:
                 "episodes": self.episodes, "granted_batches": self.granted_batches,
                 "train_iterations": self.train_iterations,
                 "policy_version": self.policy_version, "next_eval_at": self.next_eval_at,
+                "next_eval_iteration": self.next_eval_iteration,
+                "best_policy_version": self.best_policy_version,
                 "evaluations": [e.model_dump() for e in self.evaluations],
                 "best_evaluation": (self.best_evaluation.model_dump()
                                     if self.best_evaluation else None)}
@@ -424,6 +484,8 @@ class Coordinator:
             for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
                         "train_iterations", "policy_version", "next_eval_at"):
                 setattr(self, key, int(counters[key]))
+            self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
+            self.best_policy_version = counters.get("best_policy_version")
             self.evaluations.extend(EvaluationResult.model_validate(e)
                                     for e in counters.get("evaluations", []))
             if counters.get("best_evaluation"):
@@ -471,6 +533,25 @@ class Coordinator:
         dt = max(t1 - t0, 1e-9)
         return (e1 - e0) / dt, (i1 - i0) / dt
 
+    def _metrics(self, buffers: dict, returns: list[float], steps_per_s: float,
+                 latest: dict | None) -> dict[str, float]:
+        out: dict[str, float] = {f"buffer/{name}/{key}": value
+                                 for name, stats in buffers.items()
+                                 for key, value in stats.items()
+                                 if isinstance(value, int | float)}
+        out["collect/env_steps_per_s"] = round(steps_per_s, 1)
+        if returns:
+            out.update({"collect/return_min": min(returns),
+                        "collect/return_mean": float(np.mean(returns)),
+                        "collect/return_max": max(returns),
+                        "collect/episode_length": float(np.mean(self.recent_lengths))})
+        out.update({f"train/{k}": v for k, v in self.learner_metrics.items()})
+        for mode in ("deterministic", "stochastic"):
+            summary = (latest or {}).get(mode)
+            for key, value in (summary or {}).items():
+                out[f"eval/{mode}/{key}"] = value
+        return out
+
     def status(self) -> dict:
         now = self.clock()
         steps_per_s, iters_per_s = self.rates()
@@ -483,7 +564,10 @@ class Coordinator:
             "run": {"name": self.cfg.name, "state": "stopped" if self.stopped else "running",
                     "stop_reason": self.stop_reason, "solved": self.solved,
                     "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
-                    "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url},
+                    "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url,
+                    # workers' start-up (imports, registration) ends here
+                    "first_chunk_s": (round(self.first_chunk_at - self.started_at, 3)
+                                      if self.first_chunk_at is not None else None)},
             "counters": {"env_steps": self.env_steps, "train_iterations": self.train_iterations,
                          "granted_batches": self.granted_batches,
                          "policy_version": self.policy_version,
@@ -492,9 +576,8 @@ class Coordinator:
                       "train_iterations_per_s": round(iters_per_s, 1)},
             "buffer": {"size": self.replay.size(), "chunks": len(self.replay.registry)},
             "buffers": buffers,
-            # The same figures under the metric names the logger will use (`buffer/<name>/..`).
-            "metrics": {f"buffer/{name}/{key}": value for name, stats in buffers.items()
-                        for key, value in stats.items() if isinstance(value, int | float)},
+            # Flat scalars under the names the logger uses (`scope/...`).
+            "metrics": self._metrics(buffers, returns, steps_per_s, latest),
             "collect": {"episode_return_mean": float(np.mean(returns)) if returns else None,
                         "episode_length_mean": (float(np.mean(self.recent_lengths))
                                                 if returns else None)},

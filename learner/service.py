@@ -10,15 +10,17 @@ from typing import Any
 
 import torch
 
-from learner.dqn import DQNLearner
 from learner.feedback import PriorityFeedback
 from learner.prefetch import Prefetcher
+from learner.rollouts import RolloutFeeder
+from shared.algos.base import Policy, make_policy
 from shared.codec import encode_weights
-from shared.config import ConfigError
+from shared.config import ConfigError, RunConfig
 from shared.envs import env_spec
 from shared.http import HttpError
 from shared.schemas import (
     API,
+    Consumed,
     LearnInfo,
     LearnInfoResponse,
     LearnTask,
@@ -51,6 +53,8 @@ class LearnerService(WorkerService):
         self.publish_s = 0.0
         self.prefetcher: Prefetcher | None = None
         self.feedback = PriorityFeedback()
+        self.feeder: RolloutFeeder | None = None
+        self.learn_rounds = 0
 
     def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
         task = envelope.task
@@ -76,26 +80,30 @@ class LearnerService(WorkerService):
                 self.agent.end_task(self.task.task_id, self.error)
             self.fail()
 
-    def _publish(self, storage: Storage, learner: DQNLearner) -> None:
+    def _publish(self, storage: Storage, policy: Policy) -> None:
         t0 = time.perf_counter()
         version = self.policy_version + 1
-        blob = encode_weights(learner.policy_state(),
+        blob = encode_weights(policy.policy_state(),
                               {"policy_version": str(version),
-                               "train_iterations": str(learner.train_iterations)})
+                               "train_iterations": str(policy.train_iterations)})
         storage.put_weights(version, blob)
         self.policy_version = version  # only once it is in storage
         self.publish_s += time.perf_counter() - t0
 
-    def _report(self, learner: DQNLearner) -> bool:
-        """Send learn-info; True when the coordinator says the run is over."""
+    def _report(self, policy: Policy, consumed: list[Consumed] | None = None) -> bool:
+        """Send learn-info; True when the coordinator says the run is over. Consumed chunk
+        ids that could not be delivered go back to the feeder for the next report."""
+        consumed = consumed or []
         try:
             resp = self.agent.client.post(f"{API}/learn-info", LearnInfo(
-                worker_id=self.agent.worker_id, train_iterations=learner.train_iterations,
+                worker_id=self.agent.worker_id, train_iterations=policy.train_iterations,
                 policy_version=self.policy_version, metrics=self.metrics,
-                priorities=self.feedback.take()), LearnInfoResponse)
+                priorities=self.feedback.take(), consumed=consumed), LearnInfoResponse)
         except HttpError as err:
             # Priorities are soft state: a lost update only leaves older priorities in place.
             log.warning("learn-info not delivered: %s", err)
+            if consumed and self.feeder is not None:
+                self.feeder.give_back(consumed)
             return False
         return resp.stop
 
@@ -107,15 +115,33 @@ class LearnerService(WorkerService):
         sys.setswitchinterval(0.0005)
         cfg = self.wait_config()
         assert self.task is not None
-        storage = open_storage(self.storage_url, cfg.name)
+        policy = make_policy(cfg.algo, env_spec(cfg.env), self.task.seed)
+        queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
+        if policy.on_policy and (len(cfg.learner.mix) != 1 or not queues):
+            raise ConfigError("learner.mix: an on-policy algorithm learns from whole chunks "
+                              "of exactly one queue buffer")
+        if not policy.on_policy and queues:
+            raise ConfigError(f"learner.mix: queue buffer {queues[0]!r} hands out whole "
+                              "chunks, for on-policy algorithms only")
         if cfg.learner.by_buffer is not None:
-            raise ConfigError("learner.by_buffer: DQN learns from one batch per update; "
-                              "use learner.mix to draw from several buffers")
-        learner = DQNLearner(cfg.algo, env_spec(cfg.env), seed=self.task.seed)
-        # Versions only ever increase, also across learner restarts.
-        latest = storage.latest_version()
-        self.policy_version = -1 if latest is None else latest
-        self._publish(storage, learner)
+            raise ConfigError("learner.by_buffer: the built-in learner trains on one batch "
+                              "per update; use learner.mix to draw from several buffers")
+        storage = open_storage(self.storage_url, cfg.name)
+        try:
+            # Versions only ever increase, also across learner restarts.
+            latest = storage.latest_version()
+            self.policy_version = -1 if latest is None else latest
+            self._publish(storage, policy)
+            if policy.on_policy:
+                self._run_on_policy(cfg, storage, policy, queues[0])
+            else:
+                self._run_off_policy(cfg, storage, policy)
+            self._publish(storage, policy)
+            self._report(policy, self.feeder.take_consumed() if self.feeder else None)
+        finally:
+            storage.close()
+
+    def _run_off_policy(self, cfg: RunConfig, storage: Storage, policy: Policy) -> None:
         self.prefetcher = prefetcher = Prefetcher(
             self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
             cfg.learner.batches_per_request, cfg.learner.prefetch_requests,
@@ -123,7 +149,7 @@ class LearnerService(WorkerService):
             mix=[MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
             ).start()
         last_report = 0.0
-        step_metrics: dict[str, torch.Tensor] = {}
+        step_metrics: dict[str, Any] = {}
         try:
             while not self._closing.is_set() and not prefetcher.stop_run.is_set():
                 t0 = time.perf_counter()
@@ -133,24 +159,52 @@ class LearnerService(WorkerService):
                 if batches is None:
                     continue
                 for batch in batches:
-                    result = learner.update(batch.data, batch.weights)
-                    step_metrics = result.metrics
-                    if batch.item_refs:
-                        self.feedback.add(batch, result.td_abs)
-                    if learner.train_iterations % cfg.learner.publish_every == 0:
-                        self._publish(storage, learner)
-                self.train_iterations = learner.train_iterations
+                    out = policy.learn(batch.data, batch.weights)
+                    step_metrics = out.metrics
+                    if batch.item_refs and out.priorities is not None:
+                        self.feedback.add(batch, out.priorities)
+                    if policy.train_iterations % cfg.learner.publish_every == 0:
+                        self._publish(storage, policy)
+                self.train_iterations = policy.train_iterations
                 self.update_s += time.perf_counter() - t1
                 if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
                     last_report = time.monotonic()
                     self.metrics = {k: float(v) for k, v in step_metrics.items()}
-                    if self._report(learner):
+                    if self._report(policy):
                         break
-            self._publish(storage, learner)
-            self._report(learner)
         finally:
             prefetcher.close()
-            storage.close()
+
+    def _run_on_policy(self, cfg: RunConfig, storage: Storage, policy: Policy,
+                       buffer: str) -> None:
+        """Gather a rollout of whole chunks, learn on it once, publish, report the chunks
+        consumed: the data of every round was acted by the last few policy versions."""
+        self.feeder = feeder = RolloutFeeder(
+            self.agent.client, storage, self.agent.worker_id, buffer,
+            rollout_size=int(getattr(cfg.algo, "rollout_size", cfg.algo.batch_size)),
+            max_policy_lag=getattr(cfg.algo, "max_policy_lag", None))
+        while not self._closing.is_set() and not feeder.stop_run:
+            t0 = time.perf_counter()
+            rollout = feeder.next(self.policy_version)
+            t1 = time.perf_counter()
+            self.wait_s += t1 - t0
+            if rollout is None:
+                if feeder.consumed and self._report(policy, feeder.take_consumed()):
+                    break  # dropped chunks are reported even when no rollout filled
+                continue
+            out = policy.learn(rollout.data)
+            self._publish(storage, policy)
+            self.train_iterations = policy.train_iterations
+            self.update_s += time.perf_counter() - t1
+            self.learn_rounds += 1
+            self.metrics = {k: float(v) for k, v in out.metrics.items()}
+            self.metrics.update(policy_lag_mean=rollout.lag_mean,
+                                policy_lag_max=float(rollout.lag_max),
+                                dropped_stale_chunks=float(feeder.dropped_chunks),
+                                dropped_stale_rows=float(feeder.dropped_rows),
+                                learn_rounds=float(self.learn_rounds))
+            if self._report(policy, feeder.take_consumed()):
+                break
 
     def heartbeat_status(self) -> dict[str, float]:
         return {"train_iterations": float(self.train_iterations),
@@ -166,6 +220,8 @@ class LearnerService(WorkerService):
                            "publish_s": round(self.publish_s, 3)},
                 "dropped_sample_responses": (self.prefetcher.dropped_responses
                                              if self.prefetcher else 0),
+                "learn_rounds": self.learn_rounds,
+                "dropped_stale_chunks": self.feeder.dropped_chunks if self.feeder else 0,
                 "error": self.error}
 
     def on_run_stopped(self) -> None:

@@ -103,8 +103,10 @@ def cmd_single(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from services.single import run_single
+    from shared.algos.base import check_run_config
 
     cfg = load_config(args.config).with_overrides(seed=args.seed)
+    check_run_config(cfg)
     res = run_single(cfg, progress=lambda s, i, r, t: print(
         f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True))
     print(asdict(res))

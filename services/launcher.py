@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from services.cli import free_port
+from shared.algos.base import check_run_config
 from shared.config import load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
@@ -159,6 +160,7 @@ class LocalCluster:
 
 def _resolve(args) -> tuple[Path, Path, str, dict]:
     cfg = load_config(args.config)
+    check_run_config(cfg)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -257,10 +259,11 @@ def up(args) -> int:
         signal.signal(signal.SIGTERM, old_term)
         _save_evaluations(cluster, run_dir)
         cluster.shutdown()
-    summary = _summary(status, outcome, error, time.monotonic() - started, args, storage)
+    summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,
+                       run_dir, cfg)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"summary: {run_dir / 'summary.json'}: solved={summary['solved']} "
-                  f"eval_return={summary['eval_return']} env_steps={summary['env_steps']} "
+                  f"eval_return={_fmt(summary['eval_return'])} env_steps={summary['env_steps']} "
                   f"wall_seconds={summary['wall_seconds']:.1f}")
     return code
 
@@ -282,12 +285,17 @@ def _save_evaluations(cluster: LocalCluster, run_dir: Path) -> None:
     (run_dir / "evaluations.json").write_text(json.dumps(evaluations, indent=2))
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _summary(status: dict | None, outcome: str, error: str | None, wall: float, args,
-             storage: str) -> dict:
+             storage: str, args_run_dir: Path | None = None, cfg: dict | None = None) -> dict:
     s = status or {}
     counters = s.get("counters", {})
     latest = s.get("latest_evaluation") or {}
     best = s.get("best_evaluation") or {}
+    best_policy = args_run_dir / "best_policy.safetensors" if args_run_dir else None
     return {
         "solved": bool(s.get("run", {}).get("solved", False)),
         "outcome": outcome,
@@ -295,17 +303,26 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "stop_reason": s.get("run", {}).get("stop_reason"),
         "eval_return": latest.get("return_mean"),
         "eval_return_std": latest.get("return_std"),
+        "eval_stochastic_return": (latest.get("stochastic") or {}).get("return_mean"),
         "best_eval_return": best.get("return_mean"),
+        "best_policy_version": best.get("policy_version"),
+        "best_policy": str(best_policy) if best_policy and best_policy.exists() else None,
+        "stop_value": s.get("run", {}).get("stop_value"),
         "env_steps": counters.get("env_steps", 0),
         "train_iterations": counters.get("train_iterations", 0),
         "policy_version": counters.get("policy_version", -1),
         "chunks_accepted": counters.get("chunks_accepted", 0),
+        "episodes": counters.get("episodes", 0),
         "wall_seconds": round(wall, 3),
         "run_seconds": s.get("run", {}).get("wall_seconds"),
+        "first_chunk_seconds": s.get("run", {}).get("first_chunk_s"),
         "collectors": args.collectors,
         "seed": args.seed,
         "storage": storage,
         "config": str(args.config),
+        "algo": (cfg or {}).get("algo", {}).get("name"),
+        "train": s.get("train", {}),
+        "env": (cfg or {}).get("env", {}).get("id"),
     }
 
 

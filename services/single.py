@@ -1,6 +1,9 @@
-"""The single-process runner: the same rollout, buffer, batching and DQN code as the cluster,
-wired by plain function calls. It is the baseline of `bench/time_to_solve.py` (their ratio is
-the cost of distribution) and a quick way to try hyperparameters.
+"""The single-process runner: the same rollout, buffers, batching and policy code as the
+cluster, wired by plain function calls. It is the baseline of `bench/time_to_solve.py` (their
+ratio is the cost of distribution) and a quick way to try hyperparameters.
+
+As in the cluster, one policy object acts and another learns; the actor adopts the learner's
+weights whenever the learner would publish a version.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from collector.rollout import Rollout, evaluate
 from coordinator.replay import Replay
 from learner.arena import ChunkArena
 from learner.batching import assemble_from
-from learner.dqn import DQNLearner
 from learner.feedback import PriorityFeedback
+from learner.rollouts import concat_chunks
+from shared.algos.base import Policy, make_policy
 from shared.config import RunConfig
 from shared.envs import env_spec, make_vector_env
-from shared.policies import DQNPolicy, linear_epsilon
-from shared.schemas import ChunkMeta, SampleRequest
+from shared.schemas import ChunkMeta, Consumed, SampleRequest
 
 
 @dataclass
@@ -34,34 +37,94 @@ class SingleResult:
     train_iterations: int
     policy_version: int
     wall_seconds: float
+    solved_s: float | None = None
+    solved_env_steps: int | None = None
+
+
+class _Trainer:
+    """Everything between the rollout and the actor's weights, for one algorithm family."""
+
+    def __init__(self, cfg: RunConfig, replay: Replay, actor: Policy, learner: Policy,
+                 chunks: dict[str, dict[str, np.ndarray]]) -> None:
+        self.cfg, self.replay, self.actor, self.learner = cfg, replay, actor, learner
+        self.chunks = chunks
+        self.version = 0
+        self.request = SampleRequest(worker_id="single", batch_size=cfg.algo.batch_size,
+                                     num_batches=cfg.learner.batches_per_request)
+        self.plan = replay.plan(self.request)
+        # The learner's arena, fed from memory instead of storage: the same batching code.
+        self.arena = ChunkArena(lambda ids: [chunks[c] for c in ids], cfg.learner.chunk_cache)
+        self.pending: list[str] = []
+        self.queue = cfg.learner.mix[0].buffer
+
+    def publish(self) -> None:
+        self.version += 1
+        self.actor.load_policy(self.version, self.learner.policy_state())
+
+    def train(self) -> None:
+        """Train as much as the buffers allow, exactly as the cluster's learner would."""
+        if self.learner.on_policy:
+            self._train_on_policy()
+        else:
+            self._train_off_policy()
+
+    def _train_off_policy(self) -> None:
+        replay, learner = self.replay, self.learner
+        while (grant := replay.grantable(self.plan, self.request.num_batches)) > 0:
+            chunk_ids, parts, _ = replay.sample(self.plan, grant, learner.train_iterations,
+                                                self.version)
+            offsets = self.arena.offsets(chunk_ids)  # may (re)allocate columns: call first
+            batches = assemble_from(self.arena.columns, offsets, parts, grant)
+            feedback = PriorityFeedback()
+            for batch in batches:
+                out = learner.learn(batch.data, batch.weights)
+                if batch.item_refs and out.priorities is not None:
+                    feedback.add(batch, out.priorities)
+                if learner.train_iterations % self.cfg.learner.publish_every == 0:
+                    self.publish()
+            replay.update_priorities(feedback.take())
+
+    def _train_on_policy(self) -> None:
+        replay, learner = self.replay, self.learner
+        while replay.grantable(self.plan, 64) > 0:
+            chunk_ids, _, dead = replay.sample(self.plan, 64, learner.train_iterations,
+                                               self.version)
+            for gone in dead:
+                self.chunks.pop(gone, None)
+            self.pending += chunk_ids
+        rows = sum(len(self.chunks[c]["reward"]) for c in self.pending)
+        if rows < self.cfg.algo.rollout_size:
+            return
+        learner.learn(concat_chunks([self.chunks[c] for c in self.pending]))
+        self.publish()
+        dead = replay.consume([Consumed(buffer=self.queue, chunk_ids=self.pending)])
+        for gone in dead:
+            self.chunks.pop(gone, None)
+        self.pending = []
 
 
 def run_single(cfg: RunConfig, progress=None) -> SingleResult:
     torch.set_num_threads(1)
     start = time.monotonic()
-    algo, spec = cfg.algo, env_spec(cfg.env)
+    spec = env_spec(cfg.env)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, cfg.seed)
     eval_envs = make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
-    policy = DQNPolicy(spec, algo.hidden_sizes, seed=cfg.seed)
-    learner = DQNLearner(algo, spec, seed=cfg.seed)
+    actor = make_policy(cfg.algo, spec, cfg.seed)
+    learner = make_policy(cfg.algo, spec, cfg.seed)
     replay = Replay(cfg)  # the coordinator's buffers and rate limiters, called directly
-    rollout = Rollout(envs, policy, cfg.collector.chunk_size)
+    c = cfg.collector
+    rollout = Rollout(envs, actor, c.chunk_size, c.mode, c.episodes_per_chunk)
     chunks: dict[str, dict[str, np.ndarray]] = {}
-    request = SampleRequest(worker_id="single", batch_size=algo.batch_size,
-                            num_batches=cfg.learner.batches_per_request)
-    plan = replay.plan(request)
-    # The learner's arena, fed from memory instead of storage: the same batching code.
-    arena = ChunkArena(lambda ids: [chunks[c] for c in ids], cfg.learner.chunk_cache)
-    version = 0
-    policy.load(version, learner.policy_state())
-    next_eval = cfg.eval.every_env_steps
+    trainer = _Trainer(cfg, replay, actor, learner, chunks)
+    actor.load_policy(0, learner.policy_state())
+    every = cfg.eval.every_env_steps or 0
+    every_it = cfg.eval.every_train_iterations or 0
+    next_eval, next_eval_it = every, every_it
     eval_return: float | None = None
     solved = False
-    t195: float | None = None
-    s195: int | None = None
+    t195 = s195 = t_solved = s_solved = None
     while True:
-        eps = linear_epsilon(rollout.env_steps, algo.eps_start, algo.eps_end, algo.eps_decay_steps)
-        chunk = rollout.collect(eps)
+        chunk = rollout.collect(rollout.env_steps)
         chunk_id = uuid.uuid4().hex
         chunks[chunk_id] = chunk.arrays
         _, dead = replay.insert([ChunkMeta(
@@ -69,24 +132,12 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
             segments=chunk.segments)], learner.train_iterations)
         for gone in dead:
             chunks.pop(gone, None)
-        # Train as much as the rate limiter allows, exactly as the cluster's learner would.
-        while (grant := replay.grantable(plan, request.num_batches)) > 0:
-            chunk_ids, parts, _ = replay.sample(plan, grant, learner.train_iterations, version)
-            offsets = arena.offsets(chunk_ids)  # may (re)allocate arena.columns: call first
-            batches = assemble_from(arena.columns, offsets, parts, grant)
-            feedback = PriorityFeedback()
-            for batch in batches:
-                result = learner.update(batch.data, batch.weights)
-                if batch.item_refs:
-                    feedback.add(batch, result.td_abs)
-                if learner.train_iterations % cfg.learner.publish_every == 0:
-                    version += 1
-                    policy.load(version, learner.policy_state())
-            replay.update_priorities(feedback.take())
+        trainer.train()
         steps = rollout.env_steps
-        if steps >= next_eval:
-            next_eval += cfg.eval.every_env_steps
-            returns, _ = evaluate(eval_envs, policy, cfg.eval.episodes, cfg.seed + steps)
+        if (every and steps >= next_eval) or (every_it and learner.train_iterations
+                                                >= next_eval_it):
+            next_eval, next_eval_it = steps + every, learner.train_iterations + every_it
+            returns, _ = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
             eval_return = float(np.mean(returns))
             if progress:
                 progress(steps, learner.train_iterations, eval_return, time.monotonic() - start)
@@ -94,6 +145,7 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
                 t195, s195 = time.monotonic() - start, steps
             if cfg.eval.stop_value is not None and eval_return >= cfg.eval.stop_value:
                 solved = True
+                t_solved, s_solved = time.monotonic() - start, steps
                 break
         if cfg.stop.max_env_steps and steps >= cfg.stop.max_env_steps:
             break
@@ -102,7 +154,8 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
     envs.close()
     eval_envs.close()
     return SingleResult(solved, t195, s195, eval_return, rollout.env_steps,
-                        learner.train_iterations, version, time.monotonic() - start)
+                        learner.train_iterations, trainer.version, time.monotonic() - start,
+                        t_solved, s_solved)
 
 
 if __name__ == "__main__":  # quick manual runs: python -m services.single CONFIG [SEED]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -30,25 +30,65 @@ class EnvConfig(_Frozen):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
 
 
-class DQNConfig(_Frozen):
-    name: Literal["dqn"] = "dqn"
-    hidden_sizes: tuple[int, ...] = Field((128, 128), description="MLP widths of the Q-network")
+class _AlgoBase(_Frozen):
+    policy: str | None = Field(None, description="import path 'package.module:Class' of a "
+                               "Policy to use instead of the built-in one")
+    params: dict[str, Any] = Field(default_factory=dict, description="free-form settings for "
+                                   "a user's own policy class")
+    hidden_sizes: tuple[int, ...] = Field((128, 128), description="MLP widths")
     lr: float = Field(1e-3, gt=0)
     gamma: float = Field(0.99, ge=0, le=1)
-    batch_size: int = Field(64, ge=1, le=65536)
+    batch_size: int = Field(64, ge=1, le=65536, description="items per minibatch")
+    max_grad_norm: float = Field(10.0, gt=0)
+
+
+class DQNConfig(_AlgoBase):
+    name: Literal["dqn"] = "dqn"
     target_update_every: int = Field(250, ge=1, description="train iterations between hard "
                                      "target-network copies")
-    max_grad_norm: float = Field(10.0, gt=0)
     eps_start: float = Field(1.0, ge=0, le=1)
     eps_end: float = Field(0.05, ge=0, le=1)
     eps_decay_steps: int = Field(10_000, ge=1, description="global env steps over which epsilon "
                                  "decays linearly")
+    eval_epsilon: float = Field(0.05, ge=0, le=1, description="epsilon of the stochastic "
+                                "evaluation")
     priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| to make a "
                                 "priority, so no item is never replayed again")
 
 
+class PPOConfig(_AlgoBase):
+    name: Literal["ppo"] = "ppo"
+    hidden_sizes: tuple[int, ...] = Field((64, 64), description="MLP widths of actor and critic")
+    lr: float = Field(3e-4, gt=0)
+    batch_size: int = Field(256, ge=1, le=65536, description="transitions per minibatch")
+    max_grad_norm: float = Field(0.5, gt=0)
+    rollout_size: int = Field(2048, ge=1, description="transitions per learn round: whole "
+                              "chunks are gathered until at least this many")
+    epochs: int = Field(4, ge=1, le=100, description="passes over each rollout")
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip_coef: float = Field(0.2, gt=0)
+    clip_vloss: bool = Field(False, description="clip the value loss like the policy loss")
+    vf_coef: float = Field(0.5, ge=0)
+    ent_coef: float = Field(0.0, ge=0)
+    norm_adv: bool = Field(True, description="normalise advantages per minibatch")
+    reward_scale: float = Field(1.0, gt=0, description="rewards are multiplied by this before "
+                                "GAE (returns are logged unscaled)")
+    init_log_std: float = Field(0.0, description="continuous actions: initial log std")
+    max_policy_lag: int | None = Field(3, ge=0, description="the learner drops chunks acted "
+                                       "by a policy more than this many versions old")
+
+
+AlgoConfig = Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]
+ALGO_NAMES = ("dqn", "ppo")
+
+
 class CollectorConfig(_Frozen):
-    chunk_size: int = Field(256, ge=1, le=1_000_000, description="transitions per chunk")
+    mode: Literal["samples", "episodes"] = Field("samples", description="cut chunks by "
+                                                 "transitions or by whole episodes")
+    chunk_size: int = Field(256, ge=1, le=1_000_000, description="samples mode: transitions "
+                            "per chunk")
+    episodes_per_chunk: int = Field(4, ge=1, le=10_000, description="episodes mode: whole "
+                                    "episodes per chunk")
     report_interval_s: float = Field(0.05, gt=0, description="how long chunk metadata may wait "
                                      "to be batched into one report")
     policy_check_interval_s: float = Field(0.02, ge=0, description="minimum time between two "
@@ -113,7 +153,12 @@ class LearnerConfig(_Frozen):
 
 
 class EvalConfig(_Frozen):
-    every_env_steps: int = Field(5000, ge=1)
+    every_env_steps: int | None = Field(5000, ge=1, description="evaluate every this many "
+                                        "env steps")
+    every_train_iterations: int | None = Field(None, ge=1, description="or every this many "
+                                               "train iterations (whichever comes first)")
+    stochastic: bool = Field(True, description="also run the same episodes with the "
+                             "exploring policy, logged under eval/stochastic")
     episodes: int = Field(10, ge=1, le=1000)
     num_envs: int = Field(10, ge=1, le=1000, description="eval episodes run side by side")
     stop_value: float | None = Field(475.0, description="mean deterministic return that ends "
@@ -144,7 +189,7 @@ class RunConfig(_Frozen):
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
     env: EnvConfig = EnvConfig()
-    algo: DQNConfig = DQNConfig()
+    algo: AlgoConfig = DQNConfig()
     collector: CollectorConfig = CollectorConfig()
     buffers: dict[str, BufferConfig] = Field(
         default_factory=lambda: {"replay": BufferConfig()},
@@ -179,6 +224,19 @@ class RunConfig(_Frozen):
                     f"buffers.{part.buffer}.rate_limit.error_buffer="
                     f"{bcfg.rate_limit.error_buffer} is smaller than the {items} items of one "
                     "batch: learners and collectors would wait for each other forever")
+        queues = [p.buffer for p in self.learner.mix if self.buffers[p.buffer].kind == "queue"]
+        if self.algo.name == "ppo" and self.algo.policy is None and (
+                len(self.learner.mix) != 1 or not queues):
+            raise ValueError("learner.mix: PPO learns from whole chunks of exactly one queue "
+                             "buffer (buffers.<name>.kind: queue)")
+        if queues and len(self.learner.mix) > 1:
+            raise ValueError(f"learner.mix: queue buffer {queues[0]!r} hands out whole chunks "
+                             "and cannot be mixed with other buffers")
+        if self.algo.name == "dqn" and self.algo.policy is None and queues:
+            raise ValueError(f"learner.mix: DQN samples transitions; queue buffer "
+                             f"{queues[0]!r} is for on-policy algorithms")
+        if self.eval.every_env_steps is None and self.eval.every_train_iterations is None:
+            raise ValueError("eval: set every_env_steps or every_train_iterations")
         total = sum(p.fraction for p in self.learner.mix)
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"learner.mix fractions sum to {total}, not 1")
@@ -203,7 +261,11 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
     """One line per problem, each naming the dotted field path."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        parts = [str(p) for p in e["loc"]]
+        # A tagged union puts the tag in the path (algo.dqn.lr): users wrote algo.lr.
+        if len(parts) > 1 and parts[0] == "algo" and parts[1] in ALGO_NAMES:
+            del parts[1]
+        loc = ".".join(parts) or "(root)"
         lines.append(f"{source}: field '{loc}': {e['msg']}")
     return "\n".join(lines)
 

@@ -1,16 +1,15 @@
 """The role interfaces, in the spirit of Acme's core.py: what a collector and a learner need
 from each other, with no transport in sight.
 
-A collector's loop, spelt with these names::
+The algorithm side is `shared.algos.base.Policy`. A collector's loop, spelt with these
+names::
 
-    source = WeightSource(...); policy = make_policy(spec)
-    obs = envs.reset()
+    source = WeightSource(...); policy = make_policy(cfg.algo, spec, seed)
     while running:
         if (new := source.poll(policy.version)) is not None:
-            policy.load(*new)
-        actions = policy.act(obs, epsilon)
-        ... step envs, accumulate transitions ...
-        adder.add(chunk_arrays, episode_stats)   # storage write, then metadata report
+            policy.load_policy(*new)
+        chunk = rollout.collect(env_step)        # policy.act on every vector step
+        adder.add(chunk.arrays, ...)             # storage write, then metadata report
 """
 
 from __future__ import annotations
@@ -20,22 +19,6 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """Acting side of an algorithm: what a collector runs."""
-
-    version: int
-
-    def act(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
-        """Actions for a batch of observations, with exploration."""
-
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions for evaluation."""
-
-    def load(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
-        """Adopt published weights."""
 
 
 @runtime_checkable

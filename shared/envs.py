@@ -1,4 +1,9 @@
-"""Environment construction shared by collectors, evaluators and the single-process runner."""
+"""Environment construction shared by collectors, evaluators and the single-process runner.
+
+`env.id` is a gymnasium id, or an import path `package.module:attr` naming an `Env` class
+or a factory returning one; such an env is registered with gymnasium under that path the
+first time it is used, so vector envs and wrappers treat it like any other.
+"""
 
 from __future__ import annotations
 
@@ -15,35 +20,69 @@ class EnvSpec:
     """What a policy needs to know about an environment to be built."""
 
     obs_shape: tuple[int, ...]
-    n_actions: int
+    n_actions: int = 0                    # discrete: number of actions; 0 when continuous
+    action_shape: tuple[int, ...] = ()    # continuous: shape of one action
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def discrete(self) -> bool:
+        return self.n_actions > 0
+
+
+def resolve_env_id(env_id: str) -> str:
+    """`env_id` itself, after registering it with gymnasium when it is an import path."""
+    if ":" not in env_id:
+        return env_id
+    # gymnasium reads "module:Name" as "import module, then make registered Name": the path
+    # is registered under a colon-free id instead.
+    registered = "user." + env_id.replace(":", ".")
+    if registered in gym.registry:
+        return registered
+    from shared.algos.base import load_object  # imports the user's module, errors named
+
+    entry = load_object(env_id, "env.id")
+    if not callable(entry):
+        raise ValueError(f"env.id={env_id!r} names {type(entry).__name__}, not an Env class "
+                         "or factory")
+    gym.register(id=registered, entry_point=entry)
+    return registered
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
     """A synchronous vector env that resets finished envs in the same step and reports their
-    final observation in `info["final_obs"]` (so no transition is lost or faked).
+    final observation in `info["final_obs"]` (so no transition is lost or faked). Continuous
+    actions are clipped to the action space by the env, so policies store what they sampled.
 
     Synchronous because CartPole-sized envs step in microseconds: worker processes would cost
     more in pickling and pipes than they save; collectors scale out as processes instead.
     """
-    envs = gym.make_vec(cfg.id, num_envs=num_envs, vectorization_mode="sync",
+    envs = gym.make_vec(resolve_env_id(cfg.id), num_envs=num_envs, vectorization_mode="sync",
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
                         **cfg.kwargs)
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        envs = gym.wrappers.vector.ClipAction(envs)
     envs.reset(seed=seed)
     envs.action_space.seed(seed)
     return envs
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
-    env = gym.make(cfg.id, **cfg.kwargs)
+    env = gym.make(resolve_env_id(cfg.id), **cfg.kwargs)
     try:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
-    if not isinstance(act_space, gym.spaces.Discrete):
-        raise ValueError(f"env.id={cfg.id!r} has action space {act_space}; DQN needs Discrete")
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"env.id={cfg.id!r} has observation space {obs_space}; expected Box")
-    return EnvSpec(obs_shape=tuple(obs_space.shape), n_actions=int(act_space.n))
+    if isinstance(act_space, gym.spaces.Discrete):
+        return EnvSpec(obs_shape=tuple(obs_space.shape), n_actions=int(act_space.n))
+    if isinstance(act_space, gym.spaces.Box):
+        return EnvSpec(obs_shape=tuple(obs_space.shape), action_shape=tuple(act_space.shape),
+                       action_low=tuple(float(x) for x in act_space.low.ravel()),
+                       action_high=tuple(float(x) for x in act_space.high.ravel()))
+    raise ValueError(f"env.id={cfg.id!r} has action space {act_space}; expected Discrete or "
+                     "Box")
 
 
 def final_next_obs(next_obs: np.ndarray, info: dict, done: np.ndarray) -> np.ndarray:

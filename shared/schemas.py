@@ -84,6 +84,12 @@ class CollectTask(Request):
     kind: Literal[TaskKind.COLLECT] = TaskKind.COLLECT
     task_id: Id
     seed: int
+    mode: Literal["samples", "episodes"] = Field("samples", description="cut chunks by "
+                                                 "transitions or by whole episodes")
+    chunk_size: int = Field(256, ge=1, le=1_000_000, description="samples mode: transitions "
+                            "per chunk")
+    episodes_per_chunk: int = Field(4, ge=1, le=10_000, description="episodes mode: whole "
+                                    "episodes per chunk")
 
 
 class LearnTask(Request):
@@ -99,6 +105,8 @@ class EvaluateTask(Request):
     episodes: int = Field(ge=1, le=10_000)
     num_envs: int = Field(ge=1, le=10_000)
     seed: int
+    stochastic: bool = Field(True, description="after the deterministic episodes, run as many "
+                             "with the exploring policy")
 
 
 Task = Annotated[CollectTask | LearnTask | EvaluateTask, Field(discriminator="kind")]
@@ -247,22 +255,44 @@ class LearnInfoResponse(Response):
 
 # -- evaluation (collector -> coordinator) ---------------------------------------------------
 
-class EvaluationReport(Request):
-    worker_id: Id
-    task_id: Id
-    policy_version: int = Field(ge=-1)
+EvalMode = Literal["deterministic", "stochastic"]
+
+
+class EvalEpisodes(Request):
     returns: list[float] = Field(min_length=1, max_length=100_000)
     lengths: list[int] = Field(min_length=1, max_length=100_000)
 
     @model_validator(mode="after")
-    def _same_length(self) -> EvaluationReport:
+    def _same_length(self) -> EvalEpisodes:
         if len(self.returns) != len(self.lengths):
             raise ValueError(f"returns has {len(self.returns)} entries but lengths has "
                              f"{len(self.lengths)}")
         return self
 
 
+class EvaluationReport(Request):
+    """Episodes of one evaluation task: `deterministic` always, `stochastic` when asked."""
+
+    worker_id: Id
+    task_id: Id
+    policy_version: int = Field(ge=-1)
+    deterministic: EvalEpisodes
+    stochastic: EvalEpisodes | None = None
+
+
+class EvalSummary(Response):
+    episodes: int
+    return_mean: float
+    return_std: float
+    return_min: float
+    return_max: float
+    length_mean: float
+
+
 class EvaluationResult(Response):
+    """`return_mean`/`return_std`/`length_mean` repeat the deterministic figures: they are
+    what the stop value is compared with."""
+
     task_id: str
     worker_id: str
     policy_version: int
@@ -273,6 +303,8 @@ class EvaluationResult(Response):
     return_std: float
     length_mean: float
     wall_time: float
+    deterministic: EvalSummary | None = None
+    stochastic: EvalSummary | None = None
 
 
 class TaskResult(Request):

@@ -9,6 +9,12 @@ from shared.storage.directory import DirectoryStorage
 from shared.storage.redis_store import RedisStorage
 
 
+def evaluated_blob(task_id: str) -> str:
+    """Blob name of the weights an evaluation task ran with (written by the collector,
+    kept or deleted by the coordinator)."""
+    return f"evaluated-{task_id}"
+
+
 def open_storage(url: str, namespace: str = "run") -> Storage:
     """`redis://host:port/db` gives Redis (keys under `rlfleet:<namespace>:`); anything else
     (a path, or `file:///path`) gives a directory."""
@@ -20,4 +26,4 @@ def open_storage(url: str, namespace: str = "run") -> Storage:
 
 
 __all__ = ["ChunkNotFound", "DirectoryStorage", "RedisStorage", "Storage", "StorageError",
-           "open_storage", "validate_id"]
+           "evaluated_blob", "open_storage", "validate_id"]

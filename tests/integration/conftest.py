@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Processes, wait_for
+from .helpers import Processes, Up, wait_for
 
 
 @pytest.fixture
@@ -15,3 +15,17 @@ def processes(tmp_path: Path):
     yield procs
     procs.stop_all()
     wait_for(lambda: not procs.leftovers(), 15, "every started process to exit")
+
+
+@pytest.fixture
+def launch():
+    started: list[Up] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Up:
+        up = Up(*args, env=env)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        up.kill_leftovers()

@@ -221,3 +221,50 @@ def redis_available() -> bool:
 
 
 requires_redis = pytest.mark.skipif(not redis_available(), reason=f"no Redis at {REDIS_URL}")
+
+
+# -- rlfleet up as a user runs it -------------------------------------------------------------
+
+class Up:
+    """One `python -m services.cli up ...` subprocess."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.marker = uuid.uuid4().hex
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "up", *args], cwd=REPO,
+            env={**marked_env(self.marker), **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        self.stdout = self.stderr = ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)  # let it stop its children in order
+            try:
+                self.stdout, self.stderr = self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.stdout, self.stderr = self.proc.communicate()
+            pytest.fail(f"rlfleet up did not finish within {timeout}s:\n{self.stderr[-3000:]}")
+        return self.proc.returncode
+
+    def descendants(self) -> list[int]:
+        return [p for p in marked_pids(self.marker) if p != self.proc.pid]
+
+    def assert_no_orphans(self) -> None:
+        try:
+            wait_for(lambda: not self.descendants(), 15,
+                     "every process rlfleet up started to exit")
+        except AssertionError:
+            left = self.descendants()
+            raise AssertionError(f"rlfleet up left processes running: {describe(left)}") \
+                from None
+
+    def kill_leftovers(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        for pid in self.descendants():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

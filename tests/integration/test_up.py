@@ -7,13 +7,9 @@ it starts, so each test can prove that nothing it started is left running afterw
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,10 +19,7 @@ import yaml
 from shared.schemas import API
 
 from .helpers import (
-    REPO,
-    describe,
-    marked_env,
-    marked_pids,
+    Up,
     proc_cmdline,
     proc_ppid,
     small_config,
@@ -34,65 +27,6 @@ from .helpers import (
 )
 
 MAX_ENV_STEPS = 15_000
-
-
-class Up:
-    """One `python -m services.cli up ...` subprocess."""
-
-    def __init__(self, *args: str) -> None:
-        self.marker = uuid.uuid4().hex
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", *args], cwd=REPO,
-            env=marked_env(self.marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
-        self.stdout = self.stderr = ""
-
-    def wait(self, timeout: float) -> int:
-        try:
-            self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGINT)  # let it stop its children in order
-            try:
-                self.stdout, self.stderr = self.proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.stdout, self.stderr = self.proc.communicate()
-            pytest.fail(f"rlfleet up did not finish within {timeout}s:\n{self.stderr[-3000:]}")
-        return self.proc.returncode
-
-    def descendants(self) -> list[int]:
-        return [p for p in marked_pids(self.marker) if p != self.proc.pid]
-
-    def assert_no_orphans(self) -> None:
-        try:
-            wait_for(lambda: not self.descendants(), 15,
-                     "every process rlfleet up started to exit")
-        except AssertionError:
-            left = self.descendants()
-            raise AssertionError(f"rlfleet up left processes running: {describe(left)}") \
-                from None
-
-    def kill_leftovers(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-        for pid in self.descendants():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def launch():
-    started: list[Up] = []
-
-    def start(*args: str) -> Up:
-        up = Up(*args)
-        started.append(up)
-        return up
-
-    yield start
-    for up in started:
-        up.kill_leftovers()
 
 
 def test_up_runs_a_cluster_to_its_budget(launch, tmp_path: Path):

@@ -44,6 +44,10 @@ TIGHT_RATIO = {"algo": {"batch_size": 8}, "buffers": {"replay": buffer_config(
 EARLY_EVAL = {"eval": {"every_env_steps": 256, "episodes": 4, "num_envs": 10,
                        "stop_value": 475}}
 
+EVAL_BY_ITERATIONS = {"eval": {"every_env_steps": None, "every_train_iterations": 100,
+                               "episodes": 3, "num_envs": 3, "stochastic": False,
+                               "stop_value": 475}}
+
 
 # Which coordinator each test takes; the tests on `quiet_cluster` share one.
 BOOTS = {
@@ -54,6 +58,7 @@ BOOTS = {
     "test_evicted_chunks_are_deleted_from_storage": SMALL_BUFFER,
     "test_replay_ratio_throttles_collectors_until_the_learner_samples": TIGHT_RATIO,
     "test_an_evaluation_at_the_stop_value_solves_the_run": EARLY_EVAL,
+    "test_evaluations_can_follow_train_iterations": EVAL_BY_ITERATIONS,
 }
 
 
@@ -75,6 +80,8 @@ def comparable_status(c: CoordinatorProc) -> dict:
         b.pop("samples_per_s")
     for w in s["workers"]:
         w.pop("seconds_since_heartbeat")
+    s["metrics"] = {k: v for k, v in s["metrics"].items()
+                    if not k.endswith("_per_s")}
     return s
 
 
@@ -286,6 +293,34 @@ def test_replay_ratio_throttles_collectors_until_the_learner_samples(coordinator
 
 # -- evaluation and stopping -------------------------------------------------------------------
 
+def test_evaluations_can_follow_train_iterations(coordinator, task_sink):
+    c = coordinator(**EVAL_BY_ITERATIONS)
+    col_sink = task_sink()
+    col = register(c, "collector", col_sink)
+    lrn = register(c, "learner", task_sink())
+    collect = col_sink.wait_task("collect")
+    wait_running(c, collect["task_id"])
+    ok(report(c, col["worker_id"], collect["task_id"], [(write_chunk(c, 256), 256)]))
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 99,
+                               "policy_version": 0}))
+    col_sink.expect_none("evaluate", within_s=0.5)  # env steps do not count here
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 100,
+                               "policy_version": 1}))
+    ev = col_sink.wait_task("evaluate")
+    assert ev["policy_version"] == 1 and ev["stochastic"] is False
+    # the next one is due 100 iterations after the one that started it
+    wait_running(c, ev["task_id"])
+    ok(post(c, "/evaluations", {"worker_id": col["worker_id"], "task_id": ev["task_id"],
+                                "policy_version": 1,
+                                "deterministic": {"returns": [9.0] * 3, "lengths": [9] * 3}}))
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 199,
+                               "policy_version": 2}))
+    col_sink.expect_none("evaluate", within_s=0.5, after=1)
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 200,
+                               "policy_version": 3}))
+    wait_for(lambda: len(col_sink.tasks("evaluate")) == 2, what="second evaluate task")
+
+
 def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     c = coordinator(**EARLY_EVAL)
     col_sink, lrn_sink = task_sink(), task_sink()
@@ -308,7 +343,9 @@ def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     wait_running(c, ev["task_id"])
 
     body = {"worker_id": wid, "task_id": ev["task_id"], "policy_version": 0,
-            "returns": [100.0, 120.0, 80.0, 100.0], "lengths": [100, 120, 80, 100]}
+            "deterministic": {"returns": [100.0, 120.0, 80.0, 100.0],
+                              "lengths": [100, 120, 80, 100]},
+            "stochastic": {"returns": [50.0, 70.0], "lengths": [50, 70]}}
     # only the worker that was given the task may report it, and only as an evaluation
     r = post(c, "/evaluations", {**body, "worker_id": lid})
     assert r.status_code == 409 and r.json()["field"] == "task_id"
@@ -317,14 +354,26 @@ def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     r = report(c, wid, ev["task_id"], [(write_chunk(c, 8), 8)])
     assert r.status_code == 409
 
+    # the collector keeps the weights it evaluated beside its report
+    storage = DirectoryStorage(c.storage_dir)
+    storage.put_blob(f"evaluated-{ev['task_id']}", b"weights of version 0")
     result = ok(post(c, "/evaluations", body))
     assert result["return_mean"] == pytest.approx(100.0)
     assert result["episodes"] == 4 and result["env_steps"] == 256
     assert result["train_iterations"] == 10
+    assert result["deterministic"]["return_min"] == 80.0
+    assert result["deterministic"]["return_max"] == 120.0
+    assert result["stochastic"]["return_mean"] == pytest.approx(60.0)
+    assert result["stochastic"]["episodes"] == 2
     s = c.status()
     assert s["run"]["state"] == "running" and s["run"]["solved"] is False
     assert s["latest_evaluation"]["return_mean"] == pytest.approx(100.0)
+    assert s["metrics"]["eval/deterministic/return_mean"] == pytest.approx(100.0)
+    assert s["metrics"]["eval/stochastic/length_mean"] == pytest.approx(60.0)
     assert task_state(c, ev["task_id"]) == "finished"
+    # the best policy so far is kept; the evaluated copy is gone
+    assert storage.get_blob("best_policy") == b"weights of version 0"
+    assert storage.get_blob(f"evaluated-{ev['task_id']}") is None
 
     # the next evaluation is due every_env_steps later
     # (the new version first: the report that makes it due wakes the scheduler at once)
@@ -334,11 +383,18 @@ def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     ev2 = col_sink.tasks("evaluate")[-1]
     assert ev2["policy_version"] == 1 and ev2["task_id"] != ev["task_id"]
     # exactly the stop value is enough
+    storage.put_blob(f"evaluated-{ev2['task_id']}", b"weights of version 1")
     result = ok(post(c, "/evaluations", {**body, "task_id": ev2["task_id"], "policy_version": 1,
-                                         "returns": [475.0, 470.0, 480.0, 475.0]}))
+                                         "deterministic": {"returns": [475.0, 470.0, 480.0, 475.0],
+                                                           "lengths": [500, 500, 500, 500]},
+                                         "stochastic": None}))
     assert result["return_mean"] == 475.0
 
     s = c.status()
+    # the policy that reached the stop value is the run's best policy, also in the run dir
+    assert storage.get_blob("best_policy") == b"weights of version 1"
+    assert (c.run_dir / "best_policy.safetensors").read_bytes() == b"weights of version 1"
+    assert "eval/stochastic/return_mean" not in s["metrics"]
     assert s["run"]["state"] == "stopped" and s["run"]["solved"] is True
     assert "solved" in s["run"]["stop_reason"]
     assert s["best_evaluation"]["task_id"] == ev2["task_id"]
@@ -501,22 +557,24 @@ BAD = [
     ("evaluation malformed", "/evaluations", b'{"returns": [1,2,]}', 400, None),
     ("evaluation unknown field", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": [1.0], "lengths": [1], "mean": 1.0}, 400, "mean"),
+                "deterministic": {"returns": [1.0], "lengths": [1]}, "mean": 1.0}, 400, "mean"),
     ("evaluation wrong type", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": ["good"], "lengths": [1]}, 400, "returns.0"),
+                "deterministic": {"returns": ["good"], "lengths": [1]}}, 400,
+     "deterministic.returns.0"),
     ("evaluation missing field", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": [1.0]}, 400, "lengths"),
+                "deterministic": {"returns": [1.0]}}, 400, "deterministic.lengths"),
     ("evaluation no episodes", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": [], "lengths": []}, 400, "returns"),
+                "deterministic": {"returns": [], "lengths": []}}, 400,
+     "deterministic.returns"),
     ("evaluation lengths mismatch", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": [1.0, 2.0], "lengths": [1]}, 400, None),
+                "deterministic": {"returns": [1.0, 2.0], "lengths": [1]}}, 400, "deterministic"),
     ("evaluation of a collect task", "/evaluations",
      lambda q: {"worker_id": q["wid"], "task_id": q["tid"], "policy_version": 0,
-                "returns": [1.0], "lengths": [1]}, 409, "task_id"),
+                "deterministic": {"returns": [1.0], "lengths": [1]}}, 409, "task_id"),
     # collect permits and task results
     ("permit unknown field", "/permits/collect",
      lambda q: {"worker_id": q["wid"], "please": True}, 400, "please"),

@@ -1,4 +1,4 @@
-"""learner/dqn.py (the double-DQN update), learner/batching.py (`assemble`) and
+"""shared/algos/dqn.py (the double-DQN update), learner/batching.py (`assemble`) and
 learner/feedback.py (priorities back to the coordinator)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import Batch, assemble
-from learner.dqn import BATCH_FIELDS, DQNLearner
+from learner.batching import DEFAULT_FIELDS, Batch, assemble
 from learner.feedback import PriorityFeedback
+from shared.algos.dqn import DQN
 from shared.codec import decode_arrays, encode_arrays
 from shared.config import DQNConfig
 from shared.envs import EnvSpec
@@ -59,8 +59,8 @@ def _batch() -> dict[str, torch.Tensor]:
     }
 
 
-def _learner(cfg: DQNConfig | None = None) -> DQNLearner:
-    learner = DQNLearner(cfg or _cfg(), SPEC, seed=0)
+def _learner(cfg: DQNConfig | None = None) -> DQN:
+    learner = DQN(cfg or _cfg(), SPEC, seed=0)
     learner.q.load_state_dict(ONLINE)
     learner.target.load_state_dict(TARGET)
     return learner
@@ -95,7 +95,7 @@ def test_loss_is_the_double_dqn_huber_loss():
     assert ((q_sa - target).abs() < 1).any() and ((q_sa - target).abs() > 1).any()
     expected = _huber(q_sa - target)
 
-    result = _learner(_cfg(gamma=gamma)).update(batch)
+    result = _learner(_cfg(gamma=gamma)).learn(batch)
     out = result.metrics
 
     torch.testing.assert_close(out["loss"], expected, rtol=1e-6, atol=1e-6)
@@ -104,8 +104,8 @@ def test_loss_is_the_double_dqn_huber_loss():
     assert not torch.isclose(out["loss"], plain)
     assert all(v.dim() == 0 for v in out.values())
     # |TD error| per item, against the double-DQN target: the new priorities
-    torch.testing.assert_close(result.td_abs, (target - q_sa).abs(), rtol=1e-6, atol=1e-6)
-    assert result.td_abs.shape == (4,) and not result.td_abs.requires_grad
+    torch.testing.assert_close(result.priorities, (target - q_sa).abs(), rtol=1e-6, atol=1e-6)
+    assert result.priorities.shape == (4,) and not result.priorities.requires_grad
 
 
 def test_importance_weights_scale_each_items_loss():
@@ -116,15 +116,15 @@ def test_importance_weights_scale_each_items_loss():
     per_item = torch.where(d.abs() < 1.0, 0.5 * d * d, d.abs() - 0.5)
     weights = torch.tensor([1.0, 0.25, 0.5, 0.0])
 
-    weighted = _learner(_cfg(gamma=0.9)).update(batch, weights)
+    weighted = _learner(_cfg(gamma=0.9)).learn(batch, weights)
     torch.testing.assert_close(weighted.metrics["loss"], (weights * per_item).mean(),
                                rtol=1e-6, atol=1e-6)
     # weights do not change the priorities: those are the unweighted |TD errors|
-    torch.testing.assert_close(weighted.td_abs, d.abs(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(weighted.priorities, d.abs(), rtol=1e-6, atol=1e-6)
     # all-ones weights are the unweighted update, gradient step included
     ones, plain = _learner(_cfg(gamma=0.9)), _learner(_cfg(gamma=0.9))
-    a = ones.update(batch, torch.ones(4)).metrics
-    b = plain.update(batch).metrics
+    a = ones.learn(batch, torch.ones(4)).metrics
+    b = plain.learn(batch).metrics
     torch.testing.assert_close(a["loss"], b["loss"])
     torch.testing.assert_close(a["grad_norm"], b["grad_norm"])
     assert _same(ones.q, plain.q)
@@ -134,14 +134,14 @@ def test_terminated_transitions_do_not_bootstrap():
     batch = _batch()
     batch["terminated"] = torch.ones(4, dtype=torch.bool)
     q_sa = _mlp(ONLINE, batch["obs"])[torch.arange(4), batch["action"]]
-    out = _learner().update(batch).metrics
+    out = _learner().learn(batch).metrics
     torch.testing.assert_close(out["loss"], _huber(q_sa - batch["reward"]))
 
 
 def test_gamma_zero_regresses_on_the_reward():
     batch = _batch()
     q_sa = _mlp(ONLINE, batch["obs"])[torch.arange(4), batch["action"]]
-    out = _learner(_cfg(gamma=0.0)).update(batch).metrics
+    out = _learner(_cfg(gamma=0.0)).learn(batch).metrics
     torch.testing.assert_close(out["loss"], _huber(q_sa - batch["reward"]))
 
 
@@ -158,7 +158,7 @@ def test_gradient_step_is_one_clipped_adam_step_on_the_online_net_only():
     scale = cfg.max_grad_norm / (norm + 1e-6)
 
     learner = _learner(cfg)
-    out = learner.update(batch).metrics
+    out = learner.learn(batch).metrics
 
     torch.testing.assert_close(out["grad_norm"], norm, rtol=1e-5, atol=1e-6)
     eps = 1e-8  # Adam's first step moves each weight by lr * g / (|g| + eps)
@@ -188,7 +188,7 @@ def test_target_network_is_copied_every_target_update_every_iterations():
     copies = []
     for i in range(1, 8):
         before = {k: v.clone() for k, v in learner.target.state_dict().items()}
-        learner.update(_random_batch(i))
+        learner.learn(_random_batch(i))
         assert learner.train_iterations == i
         if i % 3 == 0:
             assert _same(learner.target, learner.q), f"no copy at iteration {i}"
@@ -199,15 +199,15 @@ def test_target_network_is_copied_every_target_update_every_iterations():
     assert copies == [3, 6]
     # the copy is a copy: further updates of the online net leave the target alone
     snapshot = {k: v.clone() for k, v in learner.target.state_dict().items()}
-    learner.update(_random_batch(99))
+    learner.learn(_random_batch(99))
     assert _same(learner.target, snapshot)
 
 
 def test_a_fresh_learner_starts_with_target_equal_to_online_and_frozen():
-    learner = DQNLearner(_cfg(), SPEC, seed=3)
+    learner = DQN(_cfg(), SPEC, seed=3)
     assert _same(learner.target, learner.q)
     assert not any(p.requires_grad for p in learner.target.parameters())
-    again = DQNLearner(_cfg(), SPEC, seed=3)
+    again = DQN(_cfg(), SPEC, seed=3)
     assert _same(again.q, learner.q)
 
 
@@ -215,7 +215,7 @@ def test_policy_state_is_a_detached_copy():
     learner = _learner()
     state = learner.policy_state()
     assert set(state) == set(ONLINE)
-    learner.update(_batch())
+    learner.learn(_batch())
     assert all(torch.equal(state[k], ONLINE[k]) for k in state)
     assert not any(t.requires_grad for t in state.values())
 
@@ -254,11 +254,11 @@ def test_assemble_picks_exactly_the_referenced_rows():
     assert len(batches) == 3
     for b, batch in enumerate(batches):
         assert isinstance(batch, Batch) and len(batch) == 5
-        assert set(batch.data) == set(BATCH_FIELDS)
+        assert set(batch.data) == set(DEFAULT_FIELDS)
         assert batch.weights is None and batch.item_refs == [] and batch.key is None
         for i in range(chunk_index.shape[1]):
             src = chunks[chunk_index[b, i]]
-            for f in BATCH_FIELDS:
+            for f in DEFAULT_FIELDS:
                 np.testing.assert_array_equal(batch.data[f][i].numpy(), src[f][rows[b, i]],
                                               err_msg=f"batch {b} item {i} field {f}")
         assert batch.data["obs"].shape == (5, 2)
@@ -350,12 +350,12 @@ def test_decoded_chunks_assemble_into_batches_the_learner_trains_on():
     chunk_index = rng.integers(0, 2, (4, 8))
     rows = rng.integers(0, 6, (4, 8))
     batches = assemble(chunks, [_part(chunk_index, rows)], 4)
-    learner = DQNLearner(_cfg(), SPEC, seed=0)
+    learner = DQN(_cfg(), SPEC, seed=0)
     for batch in batches:
         # chunk values are large; scale them so the test only checks the plumbing
         data = {**batch.data, "obs": batch.data["obs"] / 1000,
                 "next_obs": batch.data["next_obs"] / 1000, "reward": batch.data["reward"] / 1000}
-        out = learner.update(data, batch.weights)
+        out = learner.learn(data, batch.weights)
         assert torch.isfinite(out.metrics["loss"])
-        assert out.td_abs.shape == (8,)
+        assert out.priorities.shape == (8,)
     assert learner.train_iterations == 4

@@ -288,7 +288,8 @@ PRIO = {"buffers": {"prio": buffer_config(kind="prioritized", capacity=100, alph
         "learner": {"mix": [{"buffer": "prio", "fraction": 1.0}]}}
 QUEUE = {"buffers": {"queue": buffer_config(kind="queue", capacity=1_000_000,
                                             rate_limit=FREE)},
-         "learner": {"mix": [{"buffer": "queue", "fraction": 1.0}]}}
+         "learner": {"mix": [{"buffer": "queue", "fraction": 1.0}]},
+         "algo": {"name": "ppo"}}
 SNAP = {"name": "snap-run",
         "buffers": {"replay": buffer_config(capacity=300, rate_limit=FREE),
                     "prio": buffer_config(kind="prioritized", capacity=500, alpha=1.0,

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from collector.rollout import Rollout, episode_segments
+from collector.rollout import Rollout, episode_segments, evaluate
+from shared.algos.base import ActOutput
 from shared.config import EnvConfig
 from shared.envs import make_vector_env
 from shared.schemas import ChunkMeta
+
+USERLAND = Path(__file__).resolve().parents[1] / "userland"
 
 
 def _done(T: int, n: int, steps: dict[int, list[int]]) -> np.ndarray:
@@ -37,21 +41,26 @@ def test_episode_segments_by_hand(T, n, steps, expected):
 
 
 class RandomPolicy:
-    """Uniform random actions; enough to end CartPole episodes every ~20 steps."""
+    """Uniform random actions; enough to end CartPole episodes every ~20 steps. With
+    `values`, it plays an on-policy algorithm: extras per step and V(obs) = sum(obs)."""
 
     version = 3
+    on_policy = False
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, values: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
+        self.values = values
 
-    def act(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
-        return self.rng.integers(0, 2, size=obs.shape[0])
+    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
+        actions = self.rng.integers(0, 2, size=obs.shape[0])
+        extras = {"value": obs.sum(axis=1)} if self.values else {}
+        return ActOutput(actions, extras)
 
-    def act_eval(self, obs: np.ndarray) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
         return np.zeros(obs.shape[0], dtype=np.int64)
 
-    def load(self, version, state) -> None:
-        raise AssertionError("not used")
+    def bootstrap(self, obs: np.ndarray) -> np.ndarray | None:
+        return obs.sum(axis=1).astype(np.float32) if self.values else None
 
 
 def test_a_rollout_chunk_is_env_major_and_its_segments_never_cross_an_episode_end():
@@ -59,7 +68,7 @@ def test_a_rollout_chunk_is_env_major_and_its_segments_never_cross_an_episode_en
     envs = make_vector_env(EnvConfig(id="CartPole-v1", num_envs=n), n, seed=5)
     try:
         rollout = Rollout(envs, RandomPolicy(5), chunk_size=n * T - 1)  # rounded up: 40 steps
-        chunks = [rollout.collect(epsilon=1.0) for _ in range(3)]
+        chunks = [rollout.collect() for _ in range(3)]
     finally:
         envs.close()
     assert rollout.env_steps == 3 * n * T
@@ -111,3 +120,104 @@ def test_a_rollout_chunk_is_env_major_and_its_segments_never_cross_an_episode_en
             assert float(a["reward"][s:s + m].sum()) in chunk.episode_returns
         assert len(chunk.episode_lengths) == int(done.sum())
     assert mid_block_ends > 0, "no episode ended inside a chunk: the test saw no boundary"
+    for chunk in chunks:  # `cut` marks exactly the last row of every segment
+        ends = np.zeros(chunk.length, dtype=bool)
+        ends[[s + m - 1 for s, m in chunk.segments]] = True
+        np.testing.assert_array_equal(chunk.arrays["cut"], ends)
+
+
+def _cartpole(n: int, seed: int, **kwargs) -> object:
+    return make_vector_env(EnvConfig(id="CartPole-v1", num_envs=n, kwargs=kwargs), n, seed)
+
+
+def test_episode_chunks_hold_whole_episodes_never_split_or_merged():
+    n, per_chunk = 4, 3
+    envs = _cartpole(n, seed=11)
+    try:
+        rollout = Rollout(envs, RandomPolicy(11), mode="episodes", episodes_per_chunk=per_chunk)
+        chunks = [rollout.collect() for _ in range(8)]
+    finally:
+        envs.close()
+    seen_starts = set()
+    for chunk in chunks:
+        a = chunk.arrays
+        assert len(chunk.segments) == per_chunk == len(chunk.episode_lengths)
+        assert [m for _, m in chunk.segments] == chunk.episode_lengths
+        ChunkMeta(chunk_id="c", length=chunk.length, policy_version=chunk.policy_version,
+                  episode_returns=chunk.episode_returns,
+                  episode_lengths=chunk.episode_lengths, segments=chunk.segments)
+        done = a["terminated"] | a["truncated"]
+        for (start, m), ret in zip(chunk.segments, chunk.episode_returns, strict=True):
+            rows = slice(start, start + m)
+            # one episode: starts from a reset, runs step by step, ends at its only done
+            assert np.abs(a["obs"][start]).max() <= 0.05
+            np.testing.assert_array_equal(a["next_obs"][start:start + m - 1],
+                                          a["obs"][start + 1:start + m])
+            assert done[start + m - 1] and not done[start:start + m - 1].any()
+            assert a["cut"][rows].tolist() == [False] * (m - 1) + [True]
+            assert float(a["reward"][rows].sum()) == pytest.approx(ret)
+            key = a["obs"][start].tobytes()
+            assert key not in seen_starts, "an episode appears twice"
+            seen_starts.add(key)
+    # every finished episode went into exactly one chunk, in the order they finished
+    assert sum(len(c.segments) for c in chunks) == 8 * per_chunk
+
+
+def test_bootstrap_values_sit_on_cut_rows_that_did_not_terminate():
+    """Samples mode: V(next obs) where a run is cut by the chunk's end or a time limit, 0 on
+    terminations and inside runs; episodes mode: only at time limits."""
+    n = 3
+    envs = _cartpole(n, seed=2, max_episode_steps=7)  # time limits inside every chunk
+    try:
+        policy = RandomPolicy(2, values=True)
+        rollout = Rollout(envs, policy, chunk_size=n * 10)
+        chunks = [rollout.collect() for _ in range(4)]
+    finally:
+        envs.close()
+    for chunk in chunks:
+        a = chunk.arrays
+        boot, cut, term = a["bootstrap_value"], a["cut"], a["terminated"]
+        alive_cut = cut & ~term
+        assert a["truncated"].any() and alive_cut.sum() > n
+        np.testing.assert_allclose(boot[alive_cut], a["next_obs"][alive_cut].sum(axis=1),
+                                   rtol=1e-6)
+        assert (boot[~alive_cut] == 0).all()
+        np.testing.assert_allclose(a["value"], a["obs"].sum(axis=1), rtol=1e-6)
+
+    envs = _cartpole(n, seed=3, max_episode_steps=7)
+    try:
+        rollout = Rollout(envs, RandomPolicy(3, values=True), mode="episodes",
+                          episodes_per_chunk=5)
+        chunk = rollout.collect()
+    finally:
+        envs.close()
+    a = chunk.arrays
+    trunc = a["truncated"] & ~a["terminated"]
+    np.testing.assert_allclose(a["bootstrap_value"][trunc], a["next_obs"][trunc].sum(axis=1),
+                               rtol=1e-6)
+    assert (a["bootstrap_value"][~trunc] == 0).all()
+
+
+@pytest.mark.parametrize("episodes,num_envs", [(10, 4), (7, 7), (9, 3), (3, 5)])
+def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
+        monkeypatch, episodes, num_envs):
+    """Env i's episodes last 2(i+1) steps. An evaluator that counted whichever episodes
+    finish first would be dominated by env 0's short ones; this one runs env i exactly
+    episodes // n (+1 for the first episodes % n envs) episodes."""
+    monkeypatch.syspath_prepend(str(USERLAND))
+    import my_rl
+
+    my_rl.LengthByIndex.made = 0
+    envs = make_vector_env(EnvConfig(id="my_rl:LengthByIndex", num_envs=num_envs),
+                           num_envs, seed=0)
+    try:
+        returns, lengths = evaluate(envs, RandomPolicy(0), episodes, seed=1)
+    finally:
+        envs.close()
+    quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+    expected = Counter({2 * (i + 1): q for i, q in enumerate(quota) if q})
+    assert Counter(lengths) == expected
+    assert returns == [float(m) for m in lengths]  # reward 1 per step
+    assert len(returns) == episodes
+    mean = sum(2 * (i + 1) * q for i, q in enumerate(quota)) / episodes
+    assert float(np.mean(returns)) == pytest.approx(mean)

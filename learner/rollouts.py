@@ -1,0 +1,138 @@
+"""Feeding an on-policy learner: whole chunks from a queue buffer, gathered into rollouts.
+
+Each chunk the coordinator hands out is used by exactly one learn round, or dropped here if
+the policy that acted it is more than `max_policy_lag` versions older than the learner's
+(the coordinator's queue drops by the same rule before handing out; the learner checks again
+because versions move on while a rollout fills). Either way the chunk is reported consumed,
+so the queue releases it. Lag is measured per transition and reported as a metric.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from shared.codec import decode_arrays
+from shared.http import HttpClient, HttpError
+from shared.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
+from shared.storage import ChunkNotFound, Storage
+
+log = logging.getLogger("rlfleet.learner")
+
+
+def is_stale(chunk_version: int, learner_version: int, max_lag: int | None) -> bool:
+    """A chunk acted by a policy more than `max_lag` versions behind the learner's."""
+    return max_lag is not None and learner_version - chunk_version > max_lag
+
+
+def concat_chunks(chunks: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """One rollout from whole chunks, in order: the fields every chunk has, concatenated."""
+    fields = set.intersection(*(set(c) for c in chunks))
+    return {f: torch.from_numpy(np.concatenate([c[f] for c in chunks])) for f in sorted(fields)}
+
+
+@dataclass
+class RolloutBatch:
+    data: dict[str, torch.Tensor]
+    chunk_ids: list[str]
+    rows: int
+    lag_mean: float
+    lag_max: int
+
+
+@dataclass
+class RolloutFeeder:
+    client: HttpClient
+    storage: Storage
+    worker_id: str
+    buffer: str
+    rollout_size: int
+    max_policy_lag: int | None
+    chunks_per_request: int = 64
+    dropped_chunks: int = 0
+    dropped_rows: int = 0
+    stop_run: bool = False
+    consumed: list[str] = field(default_factory=list)  # used or dropped, not yet reported
+    _pending: list[tuple[str, dict[str, np.ndarray], int]] = field(default_factory=list)
+    _rows: int = 0
+
+    def take_consumed(self) -> list[Consumed]:
+        out = [Consumed(buffer=self.buffer, chunk_ids=self.consumed)] if self.consumed else []
+        self.consumed = []
+        return out
+
+    def give_back(self, consumed: list[Consumed]) -> None:
+        """Reports that did not reach the coordinator: send them with the next one."""
+        for c in consumed:
+            self.consumed = list(c.chunk_ids) + self.consumed
+
+    def _fetch(self, learner_version: int) -> None:
+        """One sample request: whole chunks, oldest first (waits up to 1 s for some)."""
+        req = SampleRequest(worker_id=self.worker_id, batch_size=1,
+                            num_batches=self.chunks_per_request, wait_s=1.0,
+                            mix=[MixShare(buffer=self.buffer, fraction=1.0)])
+        try:
+            resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
+                                    retries=0)
+        except HttpError as err:
+            if err.status != 429:
+                log.warning("sample request failed: %s", err)
+            return
+        self.stop_run = self.stop_run or resp.stop
+        if not resp.chunk_ids:
+            return
+        try:
+            blobs = self.storage.get_chunks(resp.chunk_ids)
+        except ChunkNotFound as err:  # cannot happen to a chunk in flight; do not wedge on it
+            log.warning("a handed-out chunk is missing (%s); reading one by one", err)
+            blobs = []
+            for cid in resp.chunk_ids:
+                try:
+                    blobs.append(self.storage.get_chunk(cid))
+                except ChunkNotFound:
+                    blobs.append(b"")
+        for cid, blob in zip(resp.chunk_ids, blobs, strict=True):
+            if not blob:
+                self.consumed.append(cid)
+                continue
+            arrays, meta = decode_arrays(blob)
+            version = int(meta.get("policy_version", "-1"))
+            rows = int(len(arrays["reward"]))
+            if is_stale(version, learner_version, self.max_policy_lag):
+                self.dropped_chunks += 1
+                self.dropped_rows += rows
+                self.consumed.append(cid)
+                continue
+            self._pending.append((cid, arrays, version))
+            self._rows += rows
+
+    def next(self, learner_version: int, attempts: int = 1) -> RolloutBatch | None:
+        """A full rollout (at least `rollout_size` rows of whole chunks) or None if it is not
+        full after `attempts` requests. Chunks that went stale while waiting are dropped."""
+        for _ in range(attempts):
+            if self._rows >= self.rollout_size:
+                break
+            self._fetch(learner_version)
+        keep = []
+        for cid, arrays, version in self._pending:
+            if is_stale(version, learner_version, self.max_policy_lag):
+                self.dropped_chunks += 1
+                self.dropped_rows += len(arrays["reward"])
+                self._rows -= len(arrays["reward"])
+                self.consumed.append(cid)
+            else:
+                keep.append((cid, arrays, version))
+        self._pending = keep
+        if self._rows < self.rollout_size or not keep:
+            return None
+        data = concat_chunks([a for _, a, _ in keep])
+        lengths = np.array([len(a["reward"]) for _, a, _ in keep])
+        lags = np.array([max(0, learner_version - v) for _, _, v in keep])
+        ids = [cid for cid, _, _ in keep]
+        self._pending, self._rows = [], 0
+        self.consumed.extend(ids)
+        return RolloutBatch(data, ids, int(lengths.sum()),
+                            float((lags * lengths).sum() / lengths.sum()), int(lags.max()))

@@ -1,0 +1,1 @@
+"""Algorithms behind the `Policy` interface (`shared/algos/base.py`): DQN and PPO."""

@@ -1,0 +1,154 @@
+"""The one interface every algorithm implements, and how a config names one.
+
+A `Policy` is both sides of an algorithm, in the spirit of DI-engine's policy modes but
+behind a much smaller surface: collectors call `act`, `act_eval`, `bootstrap` and
+`load_policy`; learners call `learn`, `policy_state`, `state_dict` and `load_state_dict`.
+Nothing here knows HTTP, storage or threads, so the cluster and the single-process runner
+drive the same objects.
+
+Data conventions (what `learn` receives, as torch tensors with one row per transition):
+- always: `obs`, `action`, `reward`, `next_obs`, `terminated`, `truncated`, `cut`;
+  `cut` marks the last row of a time-contiguous run (an episode end, or where a chunk or an
+  env's block of rows stops), so the row after a cut row does not follow it in time;
+- whatever `act` returned in `ActOutput.extras`, one value per row (PPO: `log_prob`, `value`);
+- `bootstrap_value` when `bootstrap` returns values: V(next_obs) on cut rows that did not
+  terminate, 0 elsewhere.
+Off-policy algorithms (`on_policy = False`) get minibatches sampled from replay buffers,
+possibly with importance weights; on-policy ones get whole chunks concatenated (each chunk's
+rows in order) from a queue buffer, once each.
+
+A user's own algorithm: a class with this interface, constructed as `cls(cfg, spec, seed)`,
+named in the config as `algo.policy: "package.module:ClassName"`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from shared.envs import EnvSpec
+
+BASE_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "cut")
+
+
+@dataclass
+class ActOutput:
+    """Actions for a batch of observations, and per-env values to store beside them."""
+
+    actions: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class LearnOutput:
+    """Metrics stay 0-d tensors until someone reports them (`.item()` per step is costly);
+    `priorities` has one entry per batch row for prioritized buffers (None: not computed)."""
+
+    metrics: dict[str, torch.Tensor | float]
+    priorities: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    on_policy: ClassVar[bool]
+    version: int            # policy version the acting side holds (-1: none yet)
+    train_iterations: int   # gradient steps taken by the learning side
+
+    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
+        """Actions with exploration; `env_step` is the run's global env step count, for
+        schedules such as epsilon decay."""
+
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Actions for evaluation: greedy/mean when deterministic, sampled otherwise."""
+
+    def bootstrap(self, obs: np.ndarray) -> np.ndarray | None:
+        """State values used to bootstrap cut runs, or None if the algorithm needs none."""
+
+    def learn(self, batch: Mapping[str, torch.Tensor],
+              weights: torch.Tensor | None = None) -> LearnOutput:
+        """Train on one batch (off-policy) or one rollout of whole chunks (on-policy)."""
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """What collectors need to act: published as a policy version."""
+
+    def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Adopt published weights for acting."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything needed to continue training (networks, optimizer, counters)."""
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        ...
+
+
+class ImportPathError(ValueError):
+    """An import path (`package.module:attr`) that does not lead to an object."""
+
+
+def load_object(path: str, what: str) -> Any:
+    """The object `path` names; the error says what was looked up and what failed.
+    `what` names the config field, e.g. "algo.policy"."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImportPathError(f"{what}={path!r}: expected 'package.module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ImportPathError(f"{what}={path!r}: cannot import module {module_name!r} "
+                              f"({err})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ImportPathError(f"{what}={path!r}: module {module_name!r} has no attribute "
+                                  f"{attr!r}") from None
+    return obj
+
+
+BUILTIN = {"dqn": "shared.algos.dqn:DQN", "ppo": "shared.algos.ppo:PPO"}
+
+
+def policy_class(algo_cfg: Any) -> type:
+    """The class a config's `algo` section names: `algo.policy` if set, else the built-in
+    algorithm for `algo.name`."""
+    if algo_cfg.policy:
+        cls = load_object(algo_cfg.policy, "algo.policy")
+        missing = [m for m in ("act", "act_eval", "bootstrap", "learn", "policy_state",
+                               "load_policy", "state_dict", "load_state_dict", "on_policy")
+                   if not hasattr(cls, m)]
+        if not isinstance(cls, type) or missing:
+            raise ImportPathError(f"algo.policy={algo_cfg.policy!r} is not a Policy class"
+                                  + (f": it lacks {', '.join(missing)}" if missing else ""))
+        return cls
+    return load_object(BUILTIN[algo_cfg.name], "algo.name")
+
+
+def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
+    return policy_class(algo_cfg)(algo_cfg, spec, seed)
+
+
+def check_run_config(cfg: Any) -> None:
+    """Import and build what a run's config names (its env and its policy), so a wrong
+    import path or an algorithm that cannot act in the env is a config error at launch, not
+    a crash in every worker. Raises `ConfigError` naming the field."""
+    from shared.config import ConfigError
+    from shared.envs import env_spec
+
+    try:
+        spec = env_spec(cfg.env)
+    except ImportPathError as err:
+        raise ConfigError(str(err)) from None
+    except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
+        raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
+    try:
+        make_policy(cfg.algo, spec, cfg.seed)
+    except ImportPathError as err:
+        raise ConfigError(str(err)) from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"algo: {err}") from None

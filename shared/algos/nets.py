@@ -1,0 +1,52 @@
+"""Network pieces and an optimiser helper shared by the built-in algorithms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: type[nn.Module] = nn.ReLU
+        ) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(in_dim, h), activation()]
+        in_dim = h
+    layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before
+    scaling. The same result as `torch.nn.utils.clip_grad_norm_`, in two foreach kernels:
+    on small CPU networks the library version's bookkeeping cost a third of each update."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim."
+                    ) -> dict[str, torch.Tensor]:
+    """An optimiser's per-parameter tensors and step counts as a flat tensor dict, so a
+    checkpoint is plain safetensors (no pickle)."""
+    out: dict[str, torch.Tensor] = {}
+    for idx, st in optimizer.state_dict()["state"].items():
+        for key, value in st.items():
+            out[f"{prefix}{idx}.{key}"] = torch.as_tensor(value).detach().clone()
+    return out
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, torch.Tensor],
+                         prefix: str = "optim.") -> None:
+    current = optimizer.state_dict()
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in state.items():
+        if not name.startswith(prefix):
+            continue
+        idx, key = name[len(prefix):].split(".", 1)
+        per_param.setdefault(int(idx), {})[key] = value.clone()
+    current["state"] = per_param
+    optimizer.load_state_dict(current)

@@ -1,0 +1,104 @@
+"""A user's own code, named by import path in configs (`my_rl:...`): an environment and a
+policy that rlfleet knows nothing about. Tests put this directory on PYTHONPATH, the way a
+user would make their package importable on every worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from shared.algos.dqn import DQN
+from shared.algos.nets import mlp
+
+
+class LineWalk(gym.Env):
+    """Walk from the middle of a line to its right end: 2 actions, reward -0.05 per step and
+    +1 at the goal; 30 steps at most. A greedy policy returns 1 - 0.05 * 4 = 0.8."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, size: int = 9) -> None:
+        self.size = size
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.pos = size // 2
+        self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        x = 2.0 * self.pos / (self.size - 1) - 1.0
+        return np.array([x, self.t / 30.0], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.pos, self.t = self.size // 2, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = int(np.clip(self.pos + (1 if int(action) == 1 else -1), 0, self.size - 1))
+        self.t += 1
+        at_goal = self.pos == self.size - 1
+        reward = 1.0 if at_goal else -0.05
+        return self._obs(), reward, at_goal, self.t >= 30 and not at_goal, {}
+
+
+class LengthByIndex(gym.Env):
+    """The k-th instance made in a process runs episodes of 2 * (k + 1) steps, reward 1 per
+    step: in a vector env, env i's episodes are twice as long as env 0's times (i + 1)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    made = 0
+
+    def __init__(self) -> None:
+        self.length = 2 * (LengthByIndex.made + 1)
+        LengthByIndex.made += 1
+        self.observation_space = gym.spaces.Box(0.0, 100.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([float(self.length)], dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([float(self.length)], dtype=np.float32)
+        return obs, 1.0, self.t >= self.length, False, {}
+
+
+class DuelingQ(nn.Module):
+    """Q = V + A - mean(A): the dueling architecture, as a user would bring it."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...], n_actions: int) -> None:
+        super().__init__()
+        self.body = mlp(in_dim, hidden[:-1], hidden[-1])
+        self.value = nn.Linear(hidden[-1], 1)
+        self.advantage = nn.Linear(hidden[-1], n_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.body(obs.flatten(1)))
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(dim=1, keepdim=True)
+
+
+class DuelingDQN(DQN):
+    """Double DQN with a dueling Q-network; `algo.params.tag` shows free-form settings reach
+    the user's class."""
+
+    def __init__(self, cfg, spec, seed: int = 0) -> None:
+        super().__init__(cfg, spec, seed)
+        self.tag = cfg.params.get("tag", "")
+        in_dim = int(np.prod(spec.obs_shape))
+        self.q = DuelingQ(in_dim, cfg.hidden_sizes, spec.n_actions)
+        self.target = DuelingQ(in_dim, cfg.hidden_sizes, spec.n_actions)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr)
+        self._params = list(self.q.parameters())
+
+
+NOT_A_POLICY = 42
