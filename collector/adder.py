@@ -48,17 +48,26 @@ class StorageAdder:
 
     def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
             episode_returns: list[float], episode_lengths: list[int],
-            segments: list[tuple[int, int]] | None = None) -> str:
+            segments: list[tuple[int, int]] | None = None,
+            timers: dict[str, float] | None = None,
+            episode_return_components: list[list[float]] | None = None) -> str:
         chunk_id = uuid.uuid4().hex
+        t0 = time.perf_counter()
         blob = encode_arrays(arrays, {"policy_version": str(policy_version),
                                       "worker_id": self.worker_id() or ""})
         self.storage.put_chunk(chunk_id, blob)
+        # ms per vector step, like the rollout's timers, so the phases add up per step
+        timers = dict(timers or {})
+        steps = max(1.0, timers.pop("vector_steps", 1.0))
+        timers["write_ms"] = 1000.0 * (time.perf_counter() - t0) / steps
         self.chunks_written += 1
         with self._idle:
             self._unreported += 1
         self._q.put(ChunkMeta(chunk_id=chunk_id, length=int(len(arrays["reward"])),
                               policy_version=policy_version, episode_returns=episode_returns,
-                              episode_lengths=episode_lengths, segments=segments or []))
+                              episode_lengths=episode_lengths, segments=segments or [],
+                              timers=timers,
+                              episode_return_components=episode_return_components or []))
         return chunk_id
 
     def _report_loop(self) -> None:

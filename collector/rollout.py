@@ -15,13 +15,14 @@ this loop, which is what makes their throughput comparable.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 
 from shared.algos.base import Policy
-from shared.envs import final_next_obs
+from shared.envs import final_next_obs, reward_components
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Chunk:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     segments: list[tuple[int, int]] = field(default_factory=list)
+    timers: dict[str, float] = field(default_factory=dict)  # ms per vector step, by phase
+    episode_return_components: list[list[float]] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -73,6 +76,8 @@ class Rollout:
         self.obs, _ = envs.reset()
         self.ep_return = np.zeros(self.n, dtype=np.float64)
         self.ep_length = np.zeros(self.n, dtype=np.int64)
+        self.ep_components: np.ndarray | None = None  # vector-reward envs: (n, k) so far
+        self.finished_components: list[list[float]] = []
         self.env_steps = 0
         self.bootstraps = policy.bootstrap(self.obs[:1]) is not None
         # episodes mode: recent vector steps (one dict of (n, ...) arrays each), the absolute
@@ -82,6 +87,17 @@ class Rollout:
         self._base = 0
         self._start = np.zeros(self.n, dtype=np.int64)
         self._done_eps: list[tuple[dict[str, np.ndarray], float, int, int]] = []
+        self._clock = {"inference": 0.0, "env_step": 0.0}
+        self._clock_steps = 0
+
+    def _take_timers(self) -> dict[str, float]:
+        """ms per vector step spent acting and stepping envs since the last chunk."""
+        n = max(1, self._clock_steps)
+        out = {f"{k}_ms": 1000.0 * v / n for k, v in self._clock.items()}
+        out["vector_steps"] = float(n)  # the adder spreads its write time over these
+        self._clock = dict.fromkeys(self._clock, 0.0)
+        self._clock_steps = 0
+        return out
 
     def collect(self, env_step: int = 0) -> Chunk:
         """The next chunk; `env_step` is the run's global env step count (for exploration
@@ -94,8 +110,13 @@ class Rollout:
 
     def _step(self, env_step: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Act and step once; the step's fields (without `cut`) and its done flags."""
+        t0 = time.perf_counter()
         out = self.policy.act(self.obs, env_step)
+        t1 = time.perf_counter()
         next_obs, reward, terminated, truncated, info = self.envs.step(out.actions)
+        self._clock["inference"] += t1 - t0
+        self._clock["env_step"] += time.perf_counter() - t1
+        self._clock_steps += 1
         done = terminated | truncated
         real_next = final_next_obs(next_obs, info, done)
         step = {"obs": _as_stored(self.obs), "action": _as_stored(out.actions),
@@ -112,6 +133,11 @@ class Rollout:
             step["bootstrap_value"] = boot
         self.ep_return += reward
         self.ep_length += 1
+        comps = reward_components(info, done)
+        if comps is not None:
+            if self.ep_components is None:
+                self.ep_components = np.zeros_like(comps)
+            self.ep_components += comps
         self.obs = next_obs
         self.env_steps += self.n
         return step, done
@@ -120,7 +146,14 @@ class Rollout:
         ret, length = float(self.ep_return[i]), int(self.ep_length[i])
         self.ep_return[i] = 0.0
         self.ep_length[i] = 0
+        if self.ep_components is not None:
+            self.finished_components.append(self.ep_components[i].tolist())
+            self.ep_components[i] = 0.0
         return ret, length
+
+    def _take_components(self) -> list[list[float]]:
+        out, self.finished_components = self.finished_components, []
+        return out
 
     # -- samples mode -----------------------------------------------------------------------
 
@@ -155,7 +188,8 @@ class Rollout:
             return np.ascontiguousarray(buf.swapaxes(0, 1)).reshape(T * n, *buf.shape[2:])
 
         arrays = {key: env_major(buf) for key, buf in bufs.items()}
-        return Chunk(arrays, version, returns, lengths, episode_segments(done_buf))
+        return Chunk(arrays, version, returns, lengths, episode_segments(done_buf),
+                     self._take_timers(), self._take_components())
 
     # -- episodes mode ----------------------------------------------------------------------
 
@@ -176,8 +210,11 @@ class Rollout:
         for _, _, length, _ in episodes:
             segments.append((row, length))
             row += length
+        # finished_components is filled in the order episodes finish, like _done_eps
+        comps = self.finished_components[:len(episodes)]
+        del self.finished_components[:len(episodes)]
         return Chunk(arrays, min(ep[3] for ep in episodes), [ep[1] for ep in episodes],
-                     [ep[2] for ep in episodes], segments)
+                     [ep[2] for ep in episodes], segments, self._take_timers(), comps)
 
     def _extract(self, i: int, last: int) -> tuple[dict[str, np.ndarray], float, int, int]:
         """Env i's episode that ended at absolute step `last`: (rows, return, length, oldest

@@ -124,7 +124,8 @@ class CollectorService(WorkerService):
                     continue
                 chunk = rollout.collect(max(adder.global_env_steps, rollout.env_steps))
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
-                          chunk.episode_lengths, chunk.segments)
+                          chunk.episode_lengths, chunk.segments, chunk.timers,
+                          chunk.episode_return_components)
                 self.env_steps = rollout.env_steps
                 self.chunks_written = adder.chunks_written
                 self.chunks_reported = adder.chunks_reported

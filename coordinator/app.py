@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flask import Flask
 
+from coordinator.prometheus import install_metrics
 from coordinator.routes import bp
 from coordinator.service import Coordinator
 from shared.config import RunConfig
@@ -19,6 +20,7 @@ def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = No
     coordinator = Coordinator(cfg, storage_url, run_dir, resume=resume)
     app.extensions["rlfleet"] = coordinator
     app.register_blueprint(bp)
+    install_metrics(app, coordinator)
     if start:
         coordinator.start()
     return app

@@ -22,6 +22,7 @@ import numpy as np
 
 from coordinator.membership import Membership, UnknownWorker, Worker
 from coordinator.replay import PartRefs, Replay, UnknownBuffer
+from coordinator.runlog import RunLog
 from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from shared.config import RunConfig
 from shared.http import HttpClient, HttpError
@@ -122,9 +123,11 @@ class Coordinator:
         self._started = False
         self._last_snapshot = clock()
         self._snapshot_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending_delete: list[str] = []  # released, deleted after the next snapshot
         self.snapshots_saved = 0
-        if resume:
-            self.restore()
+        resumed = self.restore() if resume else False
+        self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -146,9 +149,10 @@ class Coordinator:
             for t in self._threads:
                 t.join(timeout=5)
         try:
-            self.save_snapshot()
+            self.save_snapshot(final=True)
         except Exception:  # closing must finish; the failure is logged for the operator
             log.exception("final snapshot failed")
+        self.runlog.close()
         self.storage.close()
 
     @property
@@ -268,7 +272,9 @@ class Coordinator:
             self._cond.notify_all()
             env_steps = self.env_steps
         if dead:
-            self._delete_q.put(dead)
+            self._release(dead)
+        if fresh:
+            self.runlog.on_chunks(fresh, env_steps, self.rates()[0])
         if self._evaluation_due():
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
@@ -309,7 +315,7 @@ class Coordinator:
             self._cond.notify_all()  # collectors waiting for the learner may go on
             env_steps = self.env_steps
         if dead:
-            self._delete_q.put(dead)
+            self._release(dead)
         return chunk_ids, parts, grant, env_steps
 
     def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
@@ -323,9 +329,11 @@ class Coordinator:
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
         if dead:
-            self._delete_q.put(dead)
+            self._release(dead)
+        self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])
         self._wake.set()
-        return LearnInfoResponse(stop=self.stopped)
+        return LearnInfoResponse(stop=self.stopped,
+                                 best_policy_version=self.best_policy_version)
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -376,6 +384,7 @@ class Coordinator:
             deterministic=det, stochastic=sto)
         self.tasks.end(rec.task_id, TaskState.FINISHED)
         self.evaluations.append(result)
+        self.runlog.on_evaluation(result)
         if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
             self.best_evaluation = result
             self._keep_best_policy(result)
@@ -445,9 +454,30 @@ class Coordinator:
         if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
             self.stop(f"max_wall_s={stop.max_wall_s} reached")
         self._maybe_start_evaluation()
+        self.runlog.on_tick(self.env_steps, self._info_scalars())
         every = self.cfg.coordinator.snapshot_interval_s
         if every is not None and now - self._last_snapshot >= every:
             self.save_snapshot()
+
+    def _info_scalars(self) -> dict[str, float]:
+        """The `info` scope: buffers, counters and the cluster, flat."""
+        with self._cond:
+            buffers = self.replay.stats()
+            counters = {"env_steps": self.env_steps,
+                        "frames": self.env_steps * self.cfg.env.frame_skip,
+                        "train_iterations": self.train_iterations,
+                        "policy_version": self.policy_version,
+                        "chunks_accepted": self.chunks_accepted, "episodes": self.episodes}
+        out = {f"buffer/{name}/{key}": float(value) for name, stats in buffers.items()
+               for key, value in stats.items() if isinstance(value, int | float)}
+        out.update({f"counters/{k}": float(v) for k, v in counters.items()})
+        for role in (Role.COLLECTOR, Role.LEARNER):
+            out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
+        active = [r for r in self.tasks.all() if r.active]
+        out["cluster/tasks_active"] = float(len(active))
+        for kind in TaskKind:
+            out[f"cluster/tasks_{kind.value}"] = float(sum(r.kind is kind for r in active))
+        return out
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -462,17 +492,42 @@ class Coordinator:
                 "best_evaluation": (self.best_evaluation.model_dump()
                                     if self.best_evaluation else None)}
 
-    def save_snapshot(self) -> None:
+    def _release(self, dead: list[str]) -> None:
+        """Chunks no buffer refers to any more. With snapshots on, they are deleted only once
+        a snapshot taken after their release is written: the snapshot a restart restores
+        from must never refer to a deleted chunk."""
+        if not dead:
+            return
+        if self.cfg.coordinator.snapshot_interval_s is None:
+            self._delete_q.put(dead)
+            return
+        with self._pending_lock:
+            self._pending_delete.extend(dead)
+
+    def save_snapshot(self, final: bool = False) -> None:
         """Buffers' indexes and the run's counters to storage: copied under the lock so they
-        describe one moment, encoded and written outside it so requests are not held up."""
+        describe one moment, encoded and written outside it so requests are not held up.
+        Chunks released before the copy are deleted once it is written."""
         with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
             with self._cond:
                 state, counters = self.replay.snapshot(), self._counters()
                 self.replay.generation += 1
                 generation = self.replay.generation
-            self.replay.write_snapshot(self.storage, state, counters, generation)
+                with self._pending_lock:
+                    ready, self._pending_delete = self._pending_delete, []
+            try:
+                self.replay.write_snapshot(self.storage, state, counters, generation)
+            except BaseException:
+                with self._pending_lock:  # not safe to delete yet: keep them for the next
+                    self._pending_delete = ready + self._pending_delete
+                raise
             self._last_snapshot = self.clock()
             self.snapshots_saved += 1
+        if ready:
+            if final:  # the janitor has stopped
+                self.storage.delete_chunks(ready)
+            else:
+                self._delete_q.put(ready)
 
     def restore(self) -> bool:
         """Continue from the snapshot in storage; False (and a fresh run) if there is none."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from learner.checkpoints import CheckpointStore
 from learner.feedback import PriorityFeedback
 from learner.prefetch import Prefetcher
 from learner.rollouts import RolloutFeeder
@@ -55,6 +56,12 @@ class LearnerService(WorkerService):
         self.feedback = PriorityFeedback()
         self.feeder: RolloutFeeder | None = None
         self.learn_rounds = 0
+        self.checkpoints: CheckpointStore | None = None
+        self.cfg_checkpoint_every = 1 << 62
+        self.last_checkpoint = 0
+        self.checkpoint_s = 0.0
+        self.resumed_from: int | None = None
+        self._timer_mark: tuple[int, dict[str, float]] = (0, {})
 
     def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
         task = envelope.task
@@ -98,14 +105,43 @@ class LearnerService(WorkerService):
             resp = self.agent.client.post(f"{API}/learn-info", LearnInfo(
                 worker_id=self.agent.worker_id, train_iterations=policy.train_iterations,
                 policy_version=self.policy_version, metrics=self.metrics,
-                priorities=self.feedback.take(), consumed=consumed), LearnInfoResponse)
+                priorities=self.feedback.take(), consumed=consumed,
+                timers=self._timers(policy)), LearnInfoResponse)
         except HttpError as err:
             # Priorities are soft state: a lost update only leaves older priorities in place.
             log.warning("learn-info not delivered: %s", err)
             if consumed and self.feeder is not None:
                 self.feeder.give_back(consumed)
             return False
+        if resp.best_policy_version is not None and self.checkpoints is not None:
+            self.checkpoints.mark_best(resp.best_policy_version)
         return resp.stop
+
+    def _timers(self, policy: Policy) -> dict[str, float]:
+        """ms per train iteration since the last report, by phase."""
+        now = {"sample_wait": self.wait_s, "update": max(0.0, self.update_s - self.publish_s),
+               "publish": self.publish_s,
+               "chunk_fetch": self.prefetcher.fetch_s if self.prefetcher else 0.0}
+        its = policy.train_iterations - self._timer_mark[0]
+        out = {}
+        if its > 0:
+            out = {f"{k}_ms": 1000.0 * (v - self._timer_mark[1].get(k, 0.0)) / its
+                   for k, v in now.items()}
+        self._timer_mark = (policy.train_iterations, now)
+        return out
+
+    def _maybe_checkpoint(self, policy: Policy, force: bool = False) -> None:
+        every = self.cfg_checkpoint_every
+        if self.checkpoints is None or (not force and policy.train_iterations
+                                        - self.last_checkpoint < every):
+            return
+        if policy.train_iterations == self.last_checkpoint and self.last_checkpoint > 0:
+            return  # nothing new since the last one
+        t0 = time.perf_counter()
+        self.checkpoints.save(policy.state_dict(), policy.train_iterations,
+                              self.policy_version)
+        self.last_checkpoint = policy.train_iterations
+        self.checkpoint_s += time.perf_counter() - t0
 
     def _run(self) -> None:
         torch.set_num_threads(1)
@@ -128,6 +164,17 @@ class LearnerService(WorkerService):
                               "per update; use learner.mix to draw from several buffers")
         storage = open_storage(self.storage_url, cfg.name)
         try:
+            ck = cfg.checkpoint
+            self.cfg_checkpoint_every = ck.every_train_iterations
+            self.checkpoints = CheckpointStore(
+                storage, ck.prefix, ck.keep_last,
+                {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name})
+            restored = self.checkpoints.latest()
+            if restored is not None:  # a restarted learner or a resumed run
+                policy.load_state_dict(restored[0])
+                self.resumed_from = self.last_checkpoint = policy.train_iterations
+                log.info("resumed from checkpoint at train iteration %d", self.resumed_from)
+            self._timer_mark = (policy.train_iterations, {})
             # Versions only ever increase, also across learner restarts.
             latest = storage.latest_version()
             self.policy_version = -1 if latest is None else latest
@@ -137,6 +184,7 @@ class LearnerService(WorkerService):
             else:
                 self._run_off_policy(cfg, storage, policy)
             self._publish(storage, policy)
+            self._maybe_checkpoint(policy, force=True)
             self._report(policy, self.feeder.take_consumed() if self.feeder else None)
         finally:
             storage.close()
@@ -167,9 +215,11 @@ class LearnerService(WorkerService):
                         self._publish(storage, policy)
                 self.train_iterations = policy.train_iterations
                 self.update_s += time.perf_counter() - t1
+                self._maybe_checkpoint(policy)
                 if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
                     last_report = time.monotonic()
                     self.metrics = {k: float(v) for k, v in step_metrics.items()}
+                    self.metrics.update(self._optimizer_metrics(policy))
                     if self._report(policy):
                         break
         finally:
@@ -197,7 +247,9 @@ class LearnerService(WorkerService):
             self.train_iterations = policy.train_iterations
             self.update_s += time.perf_counter() - t1
             self.learn_rounds += 1
+            self._maybe_checkpoint(policy)
             self.metrics = {k: float(v) for k, v in out.metrics.items()}
+            self.metrics.update(self._optimizer_metrics(policy))
             self.metrics.update(policy_lag_mean=rollout.lag_mean,
                                 policy_lag_max=float(rollout.lag_max),
                                 dropped_stale_chunks=float(feeder.dropped_chunks),
@@ -205,6 +257,13 @@ class LearnerService(WorkerService):
                                 learn_rounds=float(self.learn_rounds))
             if self._report(policy, feeder.take_consumed()):
                 break
+
+    @staticmethod
+    def _optimizer_metrics(policy: Policy) -> dict[str, float]:
+        optimizer = getattr(policy, "optimizer", None)
+        if optimizer is None:
+            return {}
+        return {"learning_rate": float(optimizer.param_groups[0]["lr"])}
 
     def heartbeat_status(self) -> dict[str, float]:
         return {"train_iterations": float(self.train_iterations),
@@ -221,6 +280,8 @@ class LearnerService(WorkerService):
                 "dropped_sample_responses": (self.prefetcher.dropped_responses
                                              if self.prefetcher else 0),
                 "learn_rounds": self.learn_rounds,
+                "resumed_from_iteration": self.resumed_from,
+                "last_checkpoint_iteration": self.last_checkpoint,
                 "dropped_stale_chunks": self.feeder.dropped_chunks if self.feeder else 0,
                 "error": self.error}
 

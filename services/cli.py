@@ -93,6 +93,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     return up(args)
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    from services.launcher import up
+
+    args.resume = True
+    return up(args)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from services.plot import plot_run
+
+    try:
+        result = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    print(f"{result.path}: {', '.join(result.series)}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from services.status import print_status
 
@@ -155,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scheduling niceness of collector processes: on a small machine the "
                    "learner is the critical path, so collectors yield the CPU to it")
     u.set_defaults(func=cmd_up)
+
+    r = sub.add_parser("resume", help="continue a stopped or crashed run from its run "
+                       "directory (buffers, counters, checkpoints and curves)")
+    r.add_argument("run_dir", help="runs/<name>, as `rlfleet up` made it")
+    r.add_argument("--collectors", type=int, default=None, help="default: as before")
+    r.add_argument("--max-wall-s", type=float, default=None)
+    r.add_argument("--max-env-steps", type=int, default=None)
+    r.add_argument("--quiet", action="store_true", help="no live progress line")
+    r.add_argument("--collector-nice", type=int, default=5)
+    r.set_defaults(func=cmd_resume)
+
+    pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG")
+    pl.add_argument("run_dir", help="runs/<name>")
+    pl.add_argument("--out", default=None, help="default: <run_dir>/curves.png")
+    pl.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("status", help="print a running cluster as a table")
     s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))

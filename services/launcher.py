@@ -24,7 +24,7 @@ import yaml
 
 from services.cli import free_port
 from shared.algos.base import check_run_config
-from shared.config import load_config
+from shared.config import ConfigError, load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
@@ -72,8 +72,9 @@ class Child:
 
 class LocalCluster:
     def __init__(self, config_path: Path, run_dir: Path, storage: str,
-                 collector_nice: int = 0) -> None:
+                 collector_nice: int = 0, resume: bool = False) -> None:
         self.collector_nice = collector_nice
+        self.resume = resume
         self.config_path = config_path
         self.run_dir = run_dir
         self.storage = storage
@@ -101,7 +102,7 @@ class LocalCluster:
         port = free_port()
         self.coordinator = self._spawn("coordinator", "coordinator", [
             "--config", str(self.config_path), "--run-dir", str(self.run_dir),
-            "--storage", self.storage], port)
+            "--storage", self.storage, *(["--resume"] if self.resume else [])], port)
         client = HttpClient(self.coordinator.url, timeout_s=2, retries=0)
         deadline = time.monotonic() + timeout_s
         try:
@@ -177,6 +178,32 @@ def _resolve(args) -> tuple[Path, Path, str, dict]:
     return resolved, run_dir, storage, cfg.model_dump(mode="json")
 
 
+def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
+    """A run directory `rlfleet up` made: its resolved config names the run and its storage,
+    where the coordinator's snapshot and the learner's checkpoints are."""
+    run_dir = Path(args.run_dir).resolve()
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
+    cfg = load_config(config_path)
+    check_run_config(cfg)
+    stop = cfg.stop.model_dump()
+    if args.max_wall_s:
+        stop["max_wall_s"] = args.max_wall_s
+    if args.max_env_steps:
+        stop["max_env_steps"] = args.max_env_steps
+    if stop != cfg.stop.model_dump():
+        cfg = cfg.with_overrides(stop=stop)
+        config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    previous = run_dir / "summary.json"
+    if args.collectors is None:
+        args.collectors = (json.loads(previous.read_text()).get("collectors", 2)
+                           if previous.is_file() else 2)
+    args.config, args.seed = config_path, cfg.seed
+    assert cfg.storage is not None  # `up` always writes the storage it used
+    return config_path, run_dir, cfg.storage, cfg.model_dump(mode="json")
+
+
 def _progress_text(status: dict, elapsed: float) -> str:
     c, r = status["counters"], status["rates"]
     ev = status.get("latest_evaluation")
@@ -194,8 +221,10 @@ def up(args) -> int:
     from rich.text import Text
 
     console = Console(stderr=True)
-    config_path, run_dir, storage, cfg = _resolve(args)
-    cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice)
+    resume = getattr(args, "resume", False)
+    config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
+    cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice,
+                           resume=resume)
     started = time.monotonic()
     status: dict | None = None
     outcome, code, error = "stopped", 3, None
@@ -208,8 +237,8 @@ def up(args) -> int:
 
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigint)
-    console.print(f"[bold]rlfleet up[/]: {cfg['env']['id']} with {args.collectors} collectors,"
-                  f" storage {storage}, run dir {run_dir}")
+    console.print(f"[bold]rlfleet {'resume' if resume else 'up'}[/]: {cfg['env']['id']} with "
+                  f"{args.collectors} collectors, storage {storage}, run dir {run_dir}")
     try:
         cluster.start_coordinator()
         client = HttpClient(cluster.coordinator.url, timeout_s=5, retries=2)

@@ -28,6 +28,11 @@ class EnvConfig(_Frozen):
     id: str = Field("CartPole-v1", description="gymnasium environment id")
     num_envs: int = Field(4, ge=1, le=1024, description="envs per collector's vector env")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+    frame_skip: int = Field(1, ge=1, description="env frames one env step stands for (a "
+                            "frame-skip wrapper's k): counts frames in counters/frames")
+    reward_weights: tuple[float, ...] | None = Field(None, description="vector-reward envs: "
+                                                     "the reward is their dot product with "
+                                                     "these weights; each component is logged")
 
 
 class _AlgoBase(_Frozen):
@@ -170,6 +175,58 @@ class StopConfig(_Frozen):
     max_wall_s: float | None = Field(None, gt=0)
 
 
+SCOPES = ("train", "collect", "eval", "update", "info")
+
+
+class ScopeConfig(_Frozen):
+    every_env_steps: int = Field(0, ge=0, description="write this scope at most once per this "
+                                 "many env steps (0: every time it is logged)")
+    arrays: Literal["drop", "minmeanmax"] = Field("drop", description="array values: left "
+                                                  "out, or reduced to <key>_min/_mean/_max")
+
+
+def _default_scopes() -> dict[str, ScopeConfig]:
+    return {"train": ScopeConfig(every_env_steps=1000), "collect": ScopeConfig(
+        every_env_steps=1000), "eval": ScopeConfig(), "update": ScopeConfig(
+        every_env_steps=1000), "info": ScopeConfig(every_env_steps=5000)}
+
+
+class WandbConfig(_Frozen):
+    enabled: bool = False
+    project: str = "rlfleet"
+    entity: str | None = None
+    mode: Literal["online", "offline"] = Field("offline", description="offline needs no "
+                                               "network; `wandb sync` uploads later")
+
+
+class LoggingConfig(_Frozen):
+    """One logger per run, in the coordinator, fed by what workers report. Every record's
+    step is the run's env step count, so all scopes share one x-axis."""
+
+    scopes: dict[str, ScopeConfig] = Field(default_factory=_default_scopes, description="train,"
+                                           " collect, eval, update, info: each its interval")
+    tensorboard: bool = True
+    jsonl: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+    @model_validator(mode="after")
+    def _known_scopes(self) -> LoggingConfig:
+        for name in self.scopes:
+            if name not in SCOPES:
+                raise ValueError(f"logging.scopes: unknown scope {name!r}; scopes are "
+                                 f"{', '.join(SCOPES)}")
+        return self
+
+
+class CheckpointConfig(_Frozen):
+    every_train_iterations: int = Field(5000, ge=1, description="the learner saves its full "
+                                        "state this often, and at the end")
+    keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best")
+    prefix: str = Field("ckpt", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+    metadata: dict[str, str] = Field(default_factory=dict, description="extra strings stored "
+                                     "in every checkpoint")
+
+
 class CoordinatorConfig(_Frozen):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(10.0, gt=0)
@@ -199,6 +256,8 @@ class RunConfig(_Frozen):
     eval: EvalConfig = EvalConfig()
     stop: StopConfig = StopConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     storage: str | None = Field(None, description="directory path or redis://host:port/db; "
                                 "default: <run-dir>/storage")
 

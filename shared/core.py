@@ -27,7 +27,9 @@ class Adder(Protocol):
 
     def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
             episode_returns: list[float], episode_lengths: list[int],
-            segments: list[tuple[int, int]] | None = None) -> str:
+            segments: list[tuple[int, int]] | None = None,
+            timers: dict[str, float] | None = None,
+            episode_return_components: list[list[float]] | None = None) -> str:
         """Store one chunk and queue its metadata; returns the chunk id."""
 
     def flush(self) -> None:

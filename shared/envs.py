@@ -49,6 +49,40 @@ def resolve_env_id(env_id: str) -> str:
     return registered
 
 
+class ScalarizeReward(gym.Wrapper):
+    """For vector-reward (multi-objective) envs: the reward becomes `weights . reward` and
+    the vector goes to `info["reward_components"]`, so collectors can log each component
+    while algorithms see an ordinary scalar."""
+
+    def __init__(self, env: gym.Env, weights: tuple[float, ...]) -> None:
+        super().__init__(env)
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        vec = np.asarray(reward, dtype=np.float64).reshape(-1)
+        if vec.shape != self.weights.shape:
+            raise ValueError(f"env.reward_weights has {self.weights.size} weights but the env "
+                             f"returned a reward of {vec.size} components")
+        return obs, float(vec @ self.weights), terminated, truncated, {
+            **info, "reward_components": vec}
+
+
+def reward_components(info: dict, done: np.ndarray) -> np.ndarray | None:
+    """Each env's reward vector of this step (n, k), or None when the env has none. Envs that
+    just reset report theirs in `final_info` (same-step autoreset)."""
+    comps = info.get("reward_components")
+    final_info = info.get("final_info") or {}
+    final = final_info.get("reward_components")
+    if comps is None and final is None:
+        return None
+    out = np.array(comps if comps is not None else np.zeros_like(final), dtype=np.float64)
+    if final is not None:
+        mask = final_info.get("_reward_components", done)
+        out[mask] = final[mask]
+    return out
+
+
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
     """A synchronous vector env that resets finished envs in the same step and reports their
     final observation in `info["final_obs"]` (so no transition is lost or faked). Continuous
@@ -57,9 +91,11 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
     Synchronous because CartPole-sized envs step in microseconds: worker processes would cost
     more in pickling and pipes than they save; collectors scale out as processes instead.
     """
+    weights = cfg.reward_weights
+    wrappers = [lambda env: ScalarizeReward(env, weights)] if weights else None
     envs = gym.make_vec(resolve_env_id(cfg.id), num_envs=num_envs, vectorization_mode="sync",
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                        **cfg.kwargs)
+                        wrappers=wrappers, **cfg.kwargs)
     if isinstance(envs.single_action_space, gym.spaces.Box):
         envs = gym.wrappers.vector.ClipAction(envs)
     envs.reset(seed=seed)

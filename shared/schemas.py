@@ -134,6 +134,11 @@ class ChunkMeta(Request):
     segments: list[tuple[int, int]] = Field(
         default_factory=list, max_length=100_000, description="(start row, length) runs of "
         "rows from one episode, in time order; empty means the whole chunk is one run")
+    timers: dict[str, float] = Field(default_factory=dict, max_length=16, description="ms per "
+                                     "vector step (env_step, inference) or per chunk (write)")
+    episode_return_components: list[list[float]] = Field(
+        default_factory=list, max_length=100_000, description="vector-reward envs: each "
+        "finished episode's return per reward component (before scalarising)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ChunkMeta:
@@ -148,6 +153,11 @@ class ChunkMeta(Request):
             covered += n
         if self.segments and covered != self.length:
             raise ValueError(f"segments cover {covered} rows but the chunk has {self.length}")
+        if self.episode_return_components and \
+                len(self.episode_return_components) != len(self.episode_returns):
+            raise ValueError(f"episode_return_components has "
+                             f"{len(self.episode_return_components)} entries but "
+                             f"episode_returns has {len(self.episode_returns)}")
         return self
 
 
@@ -247,10 +257,14 @@ class LearnInfo(Request):
     metrics: dict[str, float] = Field(default_factory=dict, max_length=256)
     priorities: list[PriorityUpdate] = Field(default_factory=list, max_length=64)
     consumed: list[Consumed] = Field(default_factory=list, max_length=64)
+    timers: dict[str, float] = Field(default_factory=dict, max_length=32, description="ms per "
+                                     "train iteration since the last report, by phase")
 
 
 class LearnInfoResponse(Response):
     stop: bool
+    best_policy_version: int | None = Field(None, description="the best-evaluated policy "
+                                            "version so far: its checkpoint is kept")
 
 
 # -- evaluation (collector -> coordinator) ---------------------------------------------------

@@ -75,8 +75,9 @@ def make_config(**overrides: dict) -> dict:
     cfg = yaml.safe_load(CARTPOLE_DQN.read_text())
     cfg["buffers"] = {"replay": buffer_config()}
     cfg["eval"].update(every_env_steps=512)
+    # Snapshots often: released chunks are deleted from storage only after the next one.
     cfg["coordinator"] = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 60.0,
-                          "task_push_timeout_s": 2.0}
+                          "task_push_timeout_s": 2.0, "snapshot_interval_s": 0.3}
     cfg["stop"] = {"max_wall_s": 300}
     for section, values in overrides.items():
         switch_algo = section == "algo" and values.get("name", "dqn") != "dqn"
@@ -291,7 +292,7 @@ class CoordinatorPool:
             try:
                 return requests.get(f"{c.url}/health", timeout=1,
                                     headers={"Connection": "close"}).ok
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # still booting
                 return False
 
         wait_for(healthy, timeout_s=30, what="coordinator /health")

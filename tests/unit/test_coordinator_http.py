@@ -7,6 +7,8 @@ record what they were sent.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -37,6 +39,8 @@ from .helpers import (
 # Configs (changes to `helpers.make_config`) of the coordinators this module's tests start.
 DEFAULT: dict = {}
 SMALL_BUFFER = {"buffers": {"replay": buffer_config(capacity=300)}}
+RARE_SNAPSHOTS = {"buffers": {"replay": buffer_config(capacity=300)},
+                  "coordinator": {"snapshot_interval_s": 3600}}
 # One update of 8 items per env step from the first item on; either side may run 10
 # updates ahead. (The learner below asks for batches of 8, the config's batch size.)
 TIGHT_RATIO = {"algo": {"batch_size": 8}, "buffers": {"replay": buffer_config(
@@ -56,6 +60,7 @@ BOOTS = {
     "test_leaving_ends_tasks_and_membership": DEFAULT,
     "test_chunks_sampling_and_learn_info": DEFAULT,
     "test_evicted_chunks_are_deleted_from_storage": SMALL_BUFFER,
+    "test_an_evicted_chunk_outlives_every_snapshot_that_refers_to_it": RARE_SNAPSHOTS,
     "test_replay_ratio_throttles_collectors_until_the_learner_samples": TIGHT_RATIO,
     "test_an_evaluation_at_the_stop_value_solves_the_run": EARLY_EVAL,
     "test_evaluations_can_follow_train_iterations": EVAL_BY_ITERATIONS,
@@ -236,7 +241,7 @@ def test_chunks_sampling_and_learn_info(coordinator, task_sink):
 
     info = ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 4,
                                       "policy_version": 0, "metrics": {"train/loss": 0.5}}))
-    assert info == {"stop": False}
+    assert info == {"stop": False, "best_policy_version": None}
     s = c.status()
     assert s["counters"]["policy_version"] == 0 and s["counters"]["train_iterations"] == 4
     assert s["train"] == {"train/loss": 0.5}
@@ -268,6 +273,30 @@ def test_evicted_chunks_are_deleted_from_storage(coordinator, task_sink):
     wait_for(lambda: store.list_chunks() == sorted(ids[1:]), what="janitor deleting chunks")
     with pytest.raises(ChunkNotFound):
         store.get_chunk(ids[0])
+
+
+def test_an_evicted_chunk_outlives_every_snapshot_that_refers_to_it(
+        coordinator, coordinator_pool, task_sink):
+    """Deleting a released chunk waits for a snapshot taken after the release: a restart
+    restores from the last snapshot, which must never refer to a deleted chunk."""
+    c = coordinator(**RARE_SNAPSHOTS)
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    ids = [write_chunk(c, 128) for _ in range(4)]
+    for cid in ids:
+        ok(report(c, col["worker_id"], collect["task_id"], [(cid, 128)]))
+    assert c.status()["buffers"]["replay"]["released_chunks"] == 1
+    store = DirectoryStorage(c.storage_dir)
+    # no snapshot since chunk 0 left the buffer: it stays in storage for now
+    time.sleep(0.5)  # a window in which the janitor would have deleted it before
+    assert store.list_chunks() == sorted(ids)
+    # SIGTERM: the closing snapshot no longer refers to chunk 0, then chunk 0 goes
+    assert coordinator_pool.stop(c) == 0, c.log()
+    assert store.list_chunks() == sorted(ids[1:])
+    resumed = coordinator_pool.start(c.config, c.storage_dir, "--resume",
+                                     "--name", c.config["name"])
+    s = resumed.status()
+    assert s["buffer"] == {"size": 300, "chunks": 3}
+    assert s["counters"]["env_steps"] == 512
 
 
 def test_replay_ratio_throttles_collectors_until_the_learner_samples(coordinator, task_sink):

@@ -221,3 +221,34 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     assert len(returns) == episodes
     mean = sum(2 * (i + 1) * q for i, q in enumerate(quota)) / episodes
     assert float(np.mean(returns)) == pytest.approx(mean)
+
+
+@pytest.mark.parametrize("mode", ["samples", "episodes"])
+def test_vector_rewards_are_scalarised_and_each_component_reported(monkeypatch, mode):
+    monkeypatch.syspath_prepend(str(USERLAND))
+    cfg = EnvConfig(id="my_rl:TwoObjectiveWalk", num_envs=3, reward_weights=(1.0, 2.0))
+    envs = make_vector_env(cfg, 3, seed=4)
+    try:
+        rollout = Rollout(envs, RandomPolicy(4), chunk_size=300, mode=mode,
+                          episodes_per_chunk=5)
+        chunks = [rollout.collect() for _ in range(3)]
+    finally:
+        envs.close()
+    n_eps = 0
+    for chunk in chunks:
+        assert len(chunk.episode_return_components) == len(chunk.episode_returns)
+        ChunkMeta(chunk_id="c", length=chunk.length, policy_version=0,
+                  episode_returns=chunk.episode_returns,
+                  episode_lengths=chunk.episode_lengths, segments=chunk.segments,
+                  episode_return_components=chunk.episode_return_components)
+        for ret, length, (progress, energy) in zip(
+                chunk.episode_returns, chunk.episode_lengths,
+                chunk.episode_return_components, strict=True):
+            assert energy == pytest.approx(-0.01 * length)
+            assert ret == pytest.approx(progress + 2.0 * energy)
+            n_eps += 1
+        # what algorithms see is the scalar: weights . components, per step
+        rewards = chunk.arrays["reward"].astype(np.float64)
+        near = np.isclose(rewards[:, None], [-0.05 - 0.02, 1.0 - 0.02], atol=1e-6)
+        assert near.any(axis=1).all()
+    assert n_eps > 3

@@ -102,3 +102,11 @@ class DuelingDQN(DQN):
 
 
 NOT_A_POLICY = 42
+
+
+class TwoObjectiveWalk(LineWalk):
+    """LineWalk with a vector reward: (progress reward, -0.01 energy per step)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, np.array([reward, -0.01]), terminated, truncated, info

@@ -1,0 +1,152 @@
+"""Prometheus `/metrics` for the coordinator: HTTP traffic per endpoint and the run's state.
+
+Every app gets a `CollectorRegistry` of its own (never the global default one), so several
+apps in one process (the tests, a pytest client next to a server) do not clash over names.
+HTTP metrics are kept by request hooks; the run's state is read from the `Coordinator` only
+when Prometheus scrapes, by a custom collector, so requests pay nothing for it.
+
+One gunicorn worker process serves the coordinator (see `services/serve.py`), so the
+in-process registry sees every request; more worker processes would need prometheus_client's
+multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from flask import Flask, Response, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from shared.schemas import Role
+
+if TYPE_CHECKING:
+    from coordinator.service import Coordinator
+
+EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
+UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)
+# From a cached GET (~0.5 ms) to long polls (`/sample` and `/permits/collect` may wait).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+# Werkzeug passes any method token through; anything else is one label value, not many.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_START = "_rlfleet_prometheus_start"  # attribute of `flask.g`
+
+
+class CoordinatorCollector:
+    """The run's state, read at scrape time. The replay's buffers are not thread-safe, so
+    their sizes are read under the coordinator's condition lock (the one `status()` takes
+    around the replay), and the counters with them, so one scrape describes one moment.
+    It copies a few numbers and never calls `status()`, whose `replay.stats()` would add
+    ticks to the buffers' rate windows with every scrape."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.coordinator
+        with c._cond:  # private, but it is the lock that guards the replay and counters
+            buffers = {name: len(buf) for name, buf in c.replay.buffers.items()}
+            chunks = len(c.replay.registry)
+            env_steps, iterations = c.env_steps, c.train_iterations
+            version, accepted, episodes = c.policy_version, c.chunks_accepted, c.episodes
+            solved, stopped = c.solved, c.stopped
+        latest = c.evaluations[-1] if c.evaluations else None  # a deque: [-1] is atomic
+
+        alive = GaugeMetricFamily("rlfleet_workers_alive", "Workers alive, by role.",
+                                  labels=["role"])
+        counts = dict.fromkeys(Role, 0)
+        for w in c.members.alive():
+            counts[w.role] += 1
+        for role, n in counts.items():
+            alive.add_metric([role.value], n)
+        yield alive
+
+        size = GaugeMetricFamily("rlfleet_buffer_size", "Items held per named buffer "
+                                 "(queue buffers: transitions queued).", labels=["buffer"])
+        for name, n in buffers.items():
+            size.add_metric([name], n)
+        yield size
+        yield GaugeMetricFamily("rlfleet_buffer_chunks",
+                                "Chunks some buffer refers to.", value=chunks)
+
+        yield CounterMetricFamily("rlfleet_env_steps_total",
+                                  "Env steps in accepted chunks.", value=env_steps)
+        yield CounterMetricFamily("rlfleet_train_iterations_total",
+                                  "Train iterations the learner reported.", value=iterations)
+        yield GaugeMetricFamily("rlfleet_policy_version",
+                                "Latest policy version published (-1: none yet).",
+                                value=version)
+        yield CounterMetricFamily("rlfleet_chunks_accepted_total",
+                                  "Chunks accepted (duplicates are not counted).",
+                                  value=accepted)
+        yield CounterMetricFamily("rlfleet_episodes_total",
+                                  "Episodes finished in accepted chunks.", value=episodes)
+
+        if latest is not None:  # absent, not 0, before the first evaluation
+            ev = GaugeMetricFamily("rlfleet_eval_return_mean",
+                                   "Mean return of the latest evaluation, by mode.",
+                                   labels=["mode"])
+            for mode in ("deterministic", "stochastic"):
+                summary = getattr(latest, mode)
+                if summary is not None:
+                    ev.add_metric([mode], summary.return_mean)
+            yield ev
+
+        yield GaugeMetricFamily("rlfleet_run_solved",
+                                "1 once an evaluation reached the stop value.",
+                                value=int(solved))
+        yield GaugeMetricFamily("rlfleet_run_stopped", "1 once the run is stopping.",
+                                value=int(stopped))
+
+
+def _instrument_requests(app: Flask, registry: CollectorRegistry) -> None:
+    """Count and time every request by its URL rule template, never its raw path, so the
+    number of series stays bounded whatever ids clients send."""
+    requests_total = Counter(
+        "rlfleet_http_requests_total", "HTTP requests answered.",
+        ["method", "endpoint", "status"], registry=registry)
+    duration = Histogram(
+        "rlfleet_http_request_duration_seconds", "Time to build the response.",
+        ["method", "endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
+
+    @app.before_request
+    def _start() -> None:
+        setattr(g, _START, time.perf_counter())
+
+    @app.after_request
+    def _record(response: Response) -> Response:
+        # Runs on error handlers' answers too (404s from routing, 400s from validation).
+        start = getattr(g, _START, None)
+        rule = request.url_rule
+        endpoint = rule.rule if rule is not None else UNMATCHED
+        method = request.method if request.method in _METHODS else "other"
+        requests_total.labels(method, endpoint, str(response.status_code)).inc()
+        if start is not None:
+            duration.labels(method, endpoint).observe(time.perf_counter() - start)
+        return response
+
+
+def install_metrics(app: Flask, coordinator: Coordinator) -> CollectorRegistry:
+    """Instrument `app`, register the run-state collector and serve `GET /metrics` at the
+    root (where Prometheus looks by default). Returns the app's registry, which is also kept
+    in `app.extensions["rlfleet.prometheus"]`."""
+    registry = CollectorRegistry()
+    _instrument_requests(app, registry)
+    registry.register(CoordinatorCollector(coordinator))
+
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=None,
+                        content_type=CONTENT_TYPE_LATEST)
+
+    app.add_url_rule("/metrics", "metrics", metrics, methods=["GET"])
+    app.extensions[EXTENSION] = registry
+    return registry

@@ -1,0 +1,132 @@
+"""Feeding the run's one logger from what workers report.
+
+Collectors report finished episodes and timers with their chunk metadata, the learner its
+metrics and timers with learn-info, collectors their evaluations; the scheduler adds buffer,
+counter and cluster figures. Between two written records of a scope the figures accumulate
+here (episodes since the last `collect` record, mean timers since the last `update` record),
+so a record summarises its whole interval rather than sampling one report. The x-axis of
+every scope is the run's env step count.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.config import RunConfig
+from shared.schemas import ChunkMeta, EvaluationResult, LearnInfo
+
+log = logging.getLogger("rlfleet.coordinator")
+
+
+class _Means:
+    """Running sums per key, emptied when read."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, values: Mapping[str, float], prefix: str) -> None:
+        for key, value in values.items():
+            self.sums[prefix + key] += float(value)
+            self.counts[prefix + key] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums if self.counts[k]}
+
+    def clear(self) -> None:
+        self.sums.clear()
+        self.counts.clear()
+
+
+class RunLog:
+    def __init__(self, cfg: RunConfig, run_dir: Path | None, resume_step: int | None) -> None:
+        self.logger = None
+        self._lock = threading.Lock()
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+        self._components: list[list[float]] = []
+        self._timers = _Means()
+        # After a resume each scope writes its first record at once, so the gap the restart
+        # left in a curve is as short as the snapshot allows.
+        self._force = set(("collect", "train", "update", "info")) if resume_step else set()
+        if run_dir is None:
+            return
+        from shared.logger import RunLogger  # tensorboard is a heavy import: only with a run
+
+        self.logger = RunLogger(Path(run_dir), cfg.logging, cfg.name,
+                                cfg.model_dump(mode="json"), resume_step=resume_step)
+
+    def _log(self, scope: str, step: int, scalars: Mapping[str, Any]) -> bool:
+        if self.logger is None:
+            return False
+        try:
+            written = self.logger.log(scope, step, scalars, force=scope in self._force)
+            if written:
+                self._force.discard(scope)
+            return written
+        except Exception:  # the run goes on without one record; the operator sees why
+            log.exception("could not log %s at step %d", scope, step)
+            return False
+
+    def on_chunks(self, fresh: Iterable[ChunkMeta], env_steps: int,
+                  steps_per_s: float) -> None:
+        with self._lock:
+            for c in fresh:
+                self._returns.extend(c.episode_returns)
+                self._lengths.extend(c.episode_lengths)
+                self._components.extend(c.episode_return_components)
+                self._timers.add(c.timers, "timers/collector/")
+            if not self._returns:
+                return  # nothing finished yet: no collect record without episodes
+            r = np.asarray(self._returns)
+            scalars = {"collect/return_min": r.min(), "collect/return_mean": r.mean(),
+                       "collect/return_max": r.max(),
+                       "collect/episode_length": float(np.mean(self._lengths)),
+                       "collect/episodes": float(len(r)),
+                       "collect/env_steps_per_s": steps_per_s}
+            if self._components:
+                comps = np.asarray(self._components, dtype=np.float64)
+                for i in range(comps.shape[1]):
+                    scalars[f"collect/return_component_{i}_mean"] = comps[:, i].mean()
+            if self._log("collect", env_steps, scalars):
+                self._returns, self._lengths, self._components = [], [], []
+
+    def on_learn_info(self, req: LearnInfo, env_steps: int, iterations_per_s: float) -> None:
+        with self._lock:
+            self._timers.add(req.timers, "timers/learner/")
+            scalars = {f"train/{k}": v for k, v in req.metrics.items()}
+            scalars["train/train_iterations"] = float(req.train_iterations)
+            scalars["train/updates_per_s"] = iterations_per_s
+            self._log("train", env_steps, scalars)
+            if self._log("update", env_steps, self._timers.means()):
+                self._timers.clear()
+
+    def on_evaluation(self, result: EvaluationResult) -> None:
+        scalars: dict[str, float] = {"eval/policy_version": float(result.policy_version),
+                                     "eval/train_iterations": float(result.train_iterations)}
+        for mode in ("deterministic", "stochastic"):
+            summary = getattr(result, mode)
+            if summary is not None:
+                scalars.update({f"eval/{mode}/{k}": float(v)
+                                for k, v in summary.model_dump().items()})
+        with self._lock:
+            self._log("eval", result.env_steps, scalars)
+
+    def on_tick(self, env_steps: int, scalars: Mapping[str, float]) -> None:
+        with self._lock:
+            self._log("info", env_steps, scalars)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.logger is not None:
+                try:
+                    self.logger.close()
+                except Exception:
+                    log.exception("closing the run logger failed")
