@@ -130,8 +130,10 @@ class CollectorService(WorkerService):
                 self.chunks_written = adder.chunks_written
                 self.chunks_reported = adder.chunks_reported
         finally:
-            adder.close()
+            flushed = adder.close()
             self.chunks_reported = adder.chunks_reported
+            log.info("drained: %d chunks written, %d reported%s", adder.chunks_written,
+                     adder.chunks_reported, "" if flushed else " (the rest could not be sent)")
             envs.close()
             if eval_envs is not None:
                 eval_envs.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from flask import Flask
@@ -9,8 +10,11 @@ from flask import Flask
 from coordinator.prometheus import install_metrics
 from coordinator.routes import bp
 from coordinator.service import Coordinator
+from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV, install_token_guard, load_token
 from shared.config import RunConfig
 from shared.webapp import install_error_handlers
+
+log = logging.getLogger("rlfleet.coordinator")
 
 
 def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
@@ -20,7 +24,10 @@ def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = No
     coordinator = Coordinator(cfg, storage_url, run_dir, resume=resume)
     app.extensions["rlfleet"] = coordinator
     app.register_blueprint(bp)
-    install_metrics(app, coordinator)
+    install_metrics(app, coordinator)  # first: its timer also sees the requests refused below
+    if not install_token_guard(app, load_token()):
+        log.warning("no API token (%s or %s): every endpoint is open to anyone who can reach "
+                    "this port", TOKEN_ENV, TOKEN_FILE_ENV)
     if start:
         coordinator.start()
     return app

@@ -33,12 +33,13 @@ class Worker:
     state: WorkerState = WorkerState.ALIVE
     registrations: int = 1
     status: dict[str, float] = field(default_factory=dict)
+    chunks_accepted: int = 0  # chunks this worker reported that the coordinator took
 
     def to_json(self, now: float) -> dict:
         return {"worker_id": self.worker_id, "role": self.role.value, "url": self.url,
                 "state": self.state.value, "registrations": self.registrations,
                 "seconds_since_heartbeat": round(now - self.last_seen, 3),
-                "status": self.status}
+                "chunks_accepted": self.chunks_accepted, "status": self.status}
 
 
 class Membership:
@@ -94,6 +95,12 @@ class Membership:
                 raise UnknownWorker(worker_id)
             w.last_seen = self.clock()
             return w
+
+    def count_chunks(self, worker_id: str, n: int) -> None:
+        with self._lock:
+            w = self._workers.get(worker_id)
+            if w is not None:
+                w.chunks_accepted += n
 
     def leave(self, worker_id: str) -> Worker:
         with self._lock:

@@ -1,29 +1,54 @@
-"""HTTP routes of the coordinator: parse, call `Coordinator`, answer JSON."""
+"""HTTP routes of the coordinator: parse, call `Coordinator`, answer JSON.
+
+Each route is decorated with `document(...)` (`coordinator.openapi`): what it reads and
+answers, for the OpenAPI document at `GET /openapi.json`. It describes, never validates.
+"""
 
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
 from coordinator.membership import UnknownWorker
+from coordinator.openapi import document, openapi_document
 from coordinator.replay import UnknownBuffer
 from coordinator.service import Coordinator, RateLimited, WrongWorker
 from coordinator.tasks import UnknownTask
 from shared.schemas import (
     API,
+    BufferInfo,
+    BufferList,
     ChunkReport,
+    ChunkReportResponse,
     CollectPermitRequest,
+    CollectPermitResponse,
+    EvaluationList,
     EvaluationReport,
+    EvaluationResult,
+    Health,
     HeartbeatRequest,
+    HeartbeatResponse,
     LearnInfo,
+    LearnInfoResponse,
     RegisterRequest,
+    RegisterResponse,
+    RunState,
     SamplePart,
     SampleRequest,
     SampleResponse,
+    ScaleRequest,
+    Status,
+    TaskInfo,
+    TaskList,
     TaskResult,
+    WorkerInfo,
+    WorkerList,
 )
 from shared.webapp import error, parse_body
 
 bp = Blueprint("coordinator", __name__)
+
+WORKER_ID = {"worker_id": "the id the worker registered under"}
+TASK_ID = {"task_id": "the task's id, as pushed to its worker"}
 
 
 def coord() -> Coordinator:
@@ -61,17 +86,26 @@ def _rate_limited(err: RateLimited):
     return resp, status
 
 
+@bp.get("/openapi.json")
+def openapi():
+    """This API as an OpenAPI 3.1 document, generated from the pydantic wire schemas."""
+    return jsonify(openapi_document())
+
+
 @bp.get("/health")
+@document(Health, public=True)
 def health():
     return jsonify({"ok": True, "role": "coordinator"})
 
 
 @bp.get(f"{API}/status")
+@document(Status)
 def status():
     return jsonify(coord().status())
 
 
 @bp.get(f"{API}/workers")
+@document(WorkerList)
 def list_workers():
     c = coord()
     now = c.clock()
@@ -79,44 +113,52 @@ def list_workers():
 
 
 @bp.post(f"{API}/workers")
+@document(RegisterResponse, body=RegisterRequest)
 def register():
     return _json(coord().register(parse_body(RegisterRequest)))
 
 
 @bp.get(f"{API}/workers/<worker_id>")
+@document(WorkerInfo, errors=[404], path_params=WORKER_ID)
 def get_worker(worker_id: str):
     c = coord()
     return jsonify(c.members.get(worker_id).to_json(c.clock()))
 
 
 @bp.post(f"{API}/workers/<worker_id>/heartbeat")
+@document(HeartbeatResponse, body=HeartbeatRequest, errors=[404], path_params=WORKER_ID)
 def heartbeat(worker_id: str):
     return _json(coord().heartbeat(worker_id, parse_body(HeartbeatRequest)))
 
 
 @bp.delete(f"{API}/workers/<worker_id>")
+@document(WorkerInfo, errors=[404], path_params=WORKER_ID)
 def leave(worker_id: str):
     c = coord()
     return jsonify(c.leave(worker_id).to_json(c.clock()))
 
 
 @bp.get(f"{API}/tasks")
+@document(TaskList)
 def list_tasks():
     return jsonify({"tasks": [r.to_json() for r in coord().tasks.all()]})
 
 
 @bp.get(f"{API}/tasks/<task_id>")
+@document(TaskInfo, errors=[404], path_params=TASK_ID)
 def get_task(task_id: str):
     return jsonify(coord().tasks.get(task_id).to_json())
 
 
 @bp.post(f"{API}/tasks/<task_id>/finish")
+@document(TaskInfo, body=TaskResult, errors=[404, 409], path_params=TASK_ID)
 def finish_task(task_id: str):
     body = parse_body(TaskResult)
     return jsonify(coord().end_task(task_id, body.worker_id, None).to_json())
 
 
 @bp.post(f"{API}/tasks/<task_id>/fail")
+@document(TaskInfo, body=TaskResult, errors=[404, 409], path_params=TASK_ID)
 def fail_task(task_id: str):
     body = parse_body(TaskResult)
     reason = body.error or "failed without a reason"
@@ -124,16 +166,19 @@ def fail_task(task_id: str):
 
 
 @bp.post(f"{API}/chunks")
+@document(ChunkReportResponse, body=ChunkReport, errors=[404, 409])
 def report_chunks():
     return _json(coord().report_chunks(parse_body(ChunkReport)))
 
 
 @bp.post(f"{API}/permits/collect")
+@document(CollectPermitResponse, body=CollectPermitRequest, errors=[404])
 def collect_permit():
     return _json(coord().collect_permit(parse_body(CollectPermitRequest)))
 
 
 @bp.post(f"{API}/sample")
+@document(SampleResponse, body=SampleRequest, errors=[404, 429])
 def sample():
     c = coord()
     chunk_ids, parts, granted, env_steps = c.sample(parse_body(SampleRequest))
@@ -149,12 +194,14 @@ def sample():
 
 
 @bp.get(f"{API}/buffers")
+@document(BufferList)
 def list_buffers():
     c = coord()
     return jsonify({"buffers": c.status()["buffers"]})
 
 
 @bp.get(f"{API}/buffers/<name>")
+@document(BufferInfo, errors=[404], path_params={"name": "the buffer's name in the config"})
 def get_buffer(name: str):
     buffers = coord().status()["buffers"]
     if name not in buffers:
@@ -163,15 +210,50 @@ def get_buffer(name: str):
 
 
 @bp.post(f"{API}/learn-info")
+@document(LearnInfoResponse, body=LearnInfo, errors=[404])
 def learn_info():
     return _json(coord().learn_info(parse_body(LearnInfo)))
 
 
 @bp.post(f"{API}/evaluations")
+@document(EvaluationResult, body=EvaluationReport, errors=[404, 409])
 def report_evaluation():
     return _json(coord().report_evaluation(parse_body(EvaluationReport)))
 
 
 @bp.get(f"{API}/evaluations")
+@document(EvaluationList)
 def list_evaluations():
     return jsonify({"evaluations": [e.model_dump() for e in coord().evaluations]})
+
+
+@bp.get(f"{API}/run")
+@document(RunState)
+def run_state():
+    return _json(coord().run_state())
+
+
+@bp.post(f"{API}/run/stop")
+@document(RunState)
+def stop_run():
+    c = coord()
+    c.stop("stopped by request")
+    return _json(c.run_state())
+
+
+@bp.post(f"{API}/run/pause")
+@document(RunState)
+def pause_collection():
+    return _json(coord().set_paused(True))
+
+
+@bp.post(f"{API}/run/resume")
+@document(RunState)
+def resume_collection():
+    return _json(coord().set_paused(False))
+
+
+@bp.post(f"{API}/scale")
+@document(RunState, body=ScaleRequest)
+def scale():
+    return _json(coord().scale(parse_body(ScaleRequest).collectors))

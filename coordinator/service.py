@@ -24,6 +24,7 @@ from coordinator.membership import Membership, UnknownWorker, Worker
 from coordinator.replay import PartRefs, Replay, UnknownBuffer
 from coordinator.runlog import RunLog
 from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
+from shared.auth import load_token
 from shared.config import RunConfig
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
@@ -44,6 +45,7 @@ from shared.schemas import (
     RegisterRequest,
     RegisterResponse,
     Role,
+    RunState,
     SampleRequest,
     TaskAccepted,
     TaskEnvelope,
@@ -81,6 +83,9 @@ class Coordinator:
                  clock=time.monotonic, resume: bool = False) -> None:
         self.cfg = cfg
         self.storage_url = storage_url
+        # Workers guard `POST /task` with the cluster's token; read once, so a token file
+        # that goes away mid-run cannot make the commander thread fail every push.
+        self._token = load_token()
         self.run_dir = Path(run_dir) if run_dir else None
         self.storage = open_storage(storage_url, cfg.name)
         self.clock = clock
@@ -108,6 +113,8 @@ class Coordinator:
         self.solved = False
         self.stopped_at: float | None = None
         self.first_chunk_at: float | None = None  # when collection really began
+        self.paused = False  # collection paused by an operator (learners go on)
+        self.collectors_desired: int | None = None  # set by `rlfleet scale`
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
         self._eval_rr = 0
         # Background threads.
@@ -185,7 +192,8 @@ class Coordinator:
 
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
         self.members.heartbeat(worker_id, req.status)
-        return HeartbeatResponse(stop=self.stopped, policy_version=self._version_or_none(),
+        return HeartbeatResponse(stop=self.stopped, paused=self.paused,
+                                 policy_version=self._version_or_none(),
                                  env_steps=self.env_steps)
 
     def leave(self, worker_id: str) -> Worker:
@@ -241,7 +249,7 @@ class Coordinator:
             self.tasks.end(rec.task_id, TaskState.FAILED, "worker unknown")
             return
         client = HttpClient(worker.url, timeout_s=self.cfg.coordinator.task_push_timeout_s,
-                            retries=5, backoff_s=0.1)
+                            retries=5, backoff_s=0.1, token=self._token)
         try:
             ack = client.post("/task", TaskEnvelope(task=rec.task), TaskAccepted)
         except HttpError as err:
@@ -266,9 +274,12 @@ class Coordinator:
                 self.recent_returns.extend(c.episode_returns)
                 self.recent_lengths.extend(c.episode_lengths)
             self.chunks_accepted += len(fresh)
+            self.members.count_chunks(req.worker_id, len(fresh))
             if fresh and self.first_chunk_at is None:
                 self.first_chunk_at = self.clock()
-            throttle = self.replay.inserts_blocked()
+            # A paused run throttles collectors the same way a lagging learner does: they
+            # finish the chunk at hand, report it, and wait for a permit.
+            throttle = self.paused or self.replay.inserts_blocked()
             self._cond.notify_all()
             env_steps = self.env_steps
         if dead:
@@ -285,7 +296,7 @@ class Coordinator:
         deadline = self.clock() + req.wait_s
         with self._cond:
             while (not self.stopped and not self._closing.is_set()
-                   and self.replay.inserts_blocked()):
+                   and (self.paused or self.replay.inserts_blocked())):
                 left = deadline - self.clock()
                 if left <= 0:
                     return CollectPermitResponse(granted=False, stop=False)
@@ -334,6 +345,26 @@ class Coordinator:
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped,
                                  best_policy_version=self.best_policy_version)
+
+    # -- run control ------------------------------------------------------------------------
+
+    def set_paused(self, paused: bool) -> RunState:
+        with self._cond:
+            self.paused = paused
+            self._cond.notify_all()  # waiting permits re-check
+        log.info("collection %s by request", "paused" if paused else "resumed")
+        return self.run_state()
+
+    def scale(self, collectors: int) -> RunState:
+        self.collectors_desired = collectors
+        log.info("collectors wanted: %d", collectors)
+        return self.run_state()
+
+    def run_state(self) -> RunState:
+        state = "stopped" if self.stopped else "paused" if self.paused else "running"
+        return RunState(state=state, paused=self.paused, stop_reason=self.stop_reason,
+                        collectors_desired=self.collectors_desired,
+                        collectors_alive=len(self.members.alive(Role.COLLECTOR)))
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -616,7 +647,10 @@ class Coordinator:
         with self._cond:
             buffers = self.replay.stats()
         return {
-            "run": {"name": self.cfg.name, "state": "stopped" if self.stopped else "running",
+            "run": {"name": self.cfg.name,
+                    "state": ("stopped" if self.stopped else "paused" if self.paused
+                              else "running"),
+                    "paused": self.paused, "collectors_desired": self.collectors_desired,
                     "stop_reason": self.stop_reason, "solved": self.solved,
                     "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
                     "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url,

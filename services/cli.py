@@ -10,6 +10,11 @@
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
 `RLFLEET_COORDINATOR`, `RLFLEET_PORT`, `RLFLEET_STORAGE`), which is how compose and Kubernetes
 configure containers.
+
+Two settings are environment-only, because they are secrets or concern every role alike:
+`RLFLEET_TOKEN` (or `RLFLEET_TOKEN_FILE`), the cluster's shared API token that every service
+requires and every client sends (`shared/auth.py`), and `RLFLEET_MAX_BODY_BYTES`, the request
+body limit of every service (`shared/webapp.py`). `rlfleet up` passes both to its children.
 """
 
 from __future__ import annotations
@@ -111,6 +116,25 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    """Ask the run for N collectors: `rlfleet up` starts or drains its own; under compose or
+    Kubernetes use their scale commands (the coordinator records the wish either way)."""
+    from shared.http import HttpClient, HttpError
+    from shared.schemas import API, RunState, ScaleRequest
+
+    client = HttpClient(args.coordinator, timeout_s=5, retries=2)
+    try:
+        state = client.post(f"{API}/scale", ScaleRequest(collectors=args.collectors), RunState)
+    except HttpError as err:
+        print(f"rlfleet scale: {err}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"collectors wanted: {state.collectors_desired} (alive now: "
+          f"{state.collectors_alive}); run {state.state}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from services.status import print_status
 
@@ -189,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", default=None, help="default: <run_dir>/curves.png")
     pl.set_defaults(func=cmd_plot)
 
+    sc = sub.add_parser("scale", help="change the number of collectors of a running run")
+    sc.add_argument("--collectors", type=int, required=True)
+    sc.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    sc.set_defaults(func=cmd_scale)
+
     s = sub.add_parser("status", help="print a running cluster as a table")
     s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
     s.set_defaults(func=cmd_status)
@@ -200,9 +229,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Commands that serve or call the HTTP API, and those that serve it.
+_HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status"}
+_SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
+
+
+def _check_environment(command: str) -> None:
+    """Fail before anything starts (exit 2, one line) on a token or body-limit setting that
+    would otherwise fail inside a gunicorn worker or a child process, as a traceback."""
+    from shared.auth import load_token
+    from shared.webapp import max_body_bytes
+
+    if command in _HTTP_COMMANDS:
+        load_token()
+    if command in _SERVING_COMMANDS:
+        max_body_bytes()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_environment(args.command)
         return args.func(args)
     except ConfigError as err:
         print(f"rlfleet {args.command}: {err}", file=sys.stderr)

@@ -81,6 +81,7 @@ class LocalCluster:
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
+        self.retired: list[Child] = []  # collectors being drained or drained
         self.coordinator: Child | None = None
         self._collector_seq = 0
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -135,10 +136,39 @@ class LocalCluster:
                            free_port(), nice=self.collector_nice)
 
     def crashed(self) -> Child | None:
+        """A child that exited on its own (drained collectors are expected to exit)."""
         for child in self.children:
-            if child.proc.poll() is not None:
+            if child.proc.poll() is not None and child not in self.retired:
                 return child
         return None
+
+    def collectors(self) -> list[Child]:
+        """Collectors running and not being drained, oldest first."""
+        return [c for c in self.children if c.role == "collector" and c not in self.retired
+                and c.proc.poll() is None]
+
+    def retire_collector(self) -> Child | None:
+        """Drain the newest collector: SIGTERM makes it finish its chunk, write and report
+        everything it holds, end its task and leave, then exit."""
+        active = self.collectors()
+        if not active:
+            return None
+        child = active[-1]
+        self.retired.append(child)
+        child.proc.terminate()
+        return child
+
+    def reconcile(self, desired: int) -> tuple[list[Child], list[Child]]:
+        """Start or drain collectors until `desired` are running; (added, retired)."""
+        added, retired = [], []
+        while len(self.collectors()) < desired:
+            added.append(self.add_collector())
+        while len(self.collectors()) > desired:
+            child = self.retire_collector()
+            if child is None:
+                break
+            retired.append(child)
+        return added, retired
 
     def stop(self, children: list[Child], timeout_s: float = 20.0) -> None:
         for child in children:
@@ -267,6 +297,13 @@ def up(args) -> int:
                     console.print(f"[yellow]coordinator status unavailable: {err}[/]")
                     time.sleep(0.5)
                     continue
+                desired = status["run"].get("collectors_desired")
+                if desired is not None and desired != len(cluster.collectors()):
+                    added, retired = cluster.reconcile(desired)
+                    if added or retired:
+                        console.print(f"scaling to {desired} collectors: "
+                                      f"started {[c.name for c in added]}, "
+                                      f"draining {[c.name for c in retired]}")
                 line = _progress_text(status, time.monotonic() - started)
                 if live_ok:
                     live.update(Text(line))

@@ -3,7 +3,10 @@
 Retries cover what a restart or a busy coordinator looks like from outside (connection
 refused, reset, 502/503/504, 429 with Retry-After); anything else (a 4xx) is raised at once as
 `HttpError` carrying the server's JSON error, because sending the same bad body again cannot
-help.
+help (a 401 included: a wrong token stays wrong).
+
+Every client carries the cluster's token (`shared.auth.load_token()` unless given), so every
+role, the CLI and the benches reach a guarded cluster without each call site knowing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any, TypeVar
 
 import requests
 from pydantic import BaseModel
+
+from shared.auth import auth_headers, load_token
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +38,23 @@ class HttpError(RuntimeError):
         self.body = body or {}
 
 
+class _FromEnv:
+    """The default token: whatever `load_token()` finds when the client is made."""
+
+
+FROM_ENV = _FromEnv()
+
+
 class HttpClient:
     """One base URL, one pooled session. Thread-safe for the usage here (requests' Session
-    is safe for concurrent simple requests; each thread may also hold its own client)."""
+    is safe for concurrent simple requests; each thread may also hold its own client).
+
+    `token` is sent as `Authorization: Bearer <token>` on every request; None sends none."""
 
     def __init__(self, base_url: str, timeout_s: float = 10.0, retries: int = 5,
                  backoff_s: float = 0.1, max_backoff_s: float = 2.0,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 token: str | None | _FromEnv = FROM_ENV) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
@@ -49,6 +64,8 @@ class HttpClient:
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
+        self.session.headers.update(auth_headers(
+            load_token() if isinstance(token, _FromEnv) else token))
         if headers:
             self.session.headers.update(headers)
 

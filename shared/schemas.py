@@ -15,6 +15,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 API = "/api/v1"
 
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+# Counters, versions and lengths end up in the replay's numpy int64 arrays and in arithmetic
+# on them, and in JavaScript clients: bounded to the integers a double holds exactly, far
+# from int64's limit (beyond it numpy raises OverflowError: a 500, not a 400).
+MAX_COUNT = 2**53 - 1
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Version = Annotated[int, Field(ge=-1, le=MAX_COUNT, description="-1: before any published "
+                                                                "version")]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# Returns are averaged, and squared for a std, over up to 100,000 episodes: bounded so those
+# sums stay finite (an infinite mean would make the answer invalid JSON, or null).
+MAX_RETURN = 1e100
+Return = Annotated[float, Field(ge=-MAX_RETURN, le=MAX_RETURN, allow_inf_nan=False)]
+# Values the coordinator keeps and answers again (GET /workers, /status) or logs: JSON has no
+# inf or NaN, but `1e400` parses as inf (and pydantic takes `NaN`); kept, one would come back
+# out as `Infinity`, which is not JSON.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class Request(BaseModel):
@@ -68,7 +84,7 @@ class RegisterResponse(Response):
 
 
 class HeartbeatRequest(Request):
-    status: dict[str, float] = Field(default_factory=dict, max_length=64)
+    status: dict[str, Finite] = Field(default_factory=dict, max_length=64)
 
 
 class HeartbeatResponse(Response):
@@ -128,15 +144,15 @@ class TaskAccepted(Response):
 class ChunkMeta(Request):
     chunk_id: Id
     length: int = Field(ge=1, le=10_000_000, description="transitions in the chunk")
-    policy_version: int = Field(ge=-1, description="-1: acted before any published version")
-    episode_returns: list[float] = Field(default_factory=list, max_length=100_000)
-    episode_lengths: list[int] = Field(default_factory=list, max_length=100_000)
+    policy_version: Version = Field(description="-1: acted before any published version")
+    episode_returns: list[Return] = Field(default_factory=list, max_length=100_000)
+    episode_lengths: list[Count] = Field(default_factory=list, max_length=100_000)
     segments: list[tuple[int, int]] = Field(
         default_factory=list, max_length=100_000, description="(start row, length) runs of "
         "rows from one episode, in time order; empty means the whole chunk is one run")
-    timers: dict[str, float] = Field(default_factory=dict, max_length=16, description="ms per "
+    timers: dict[str, Finite] = Field(default_factory=dict, max_length=16, description="ms per "
                                      "vector step (env_step, inference) or per chunk (write)")
-    episode_return_components: list[list[float]] = Field(
+    episode_return_components: list[list[Return]] = Field(
         default_factory=list, max_length=100_000, description="vector-reward envs: each "
         "finished episode's return per reward component (before scalarising)")
 
@@ -190,8 +206,9 @@ class SampleRequest(Request):
                           "the rate limiter before answering 429")
     mix: list[MixShare] | None = Field(None, min_length=1, max_length=16, description="draw "
                                        "each batch from these buffers in these fractions")
-    by_buffer: dict[str, int] | None = Field(None, min_length=1, max_length=16, description="or:"
-                                             " one batch per buffer, of this size")
+    # The size bound is on the values' type, so the OpenAPI document states it too.
+    by_buffer: dict[str, Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
+        None, min_length=1, max_length=16, description="or: one batch per buffer, of this size")
 
     @model_validator(mode="after")
     def _one_mode(self) -> SampleRequest:
@@ -201,9 +218,6 @@ class SampleRequest(Request):
             total = sum(m.fraction for m in self.mix)
             if abs(total - 1.0) > 1e-6:
                 raise ValueError(f"mix fractions sum to {total}, not 1")
-        for name, size in (self.by_buffer or {}).items():
-            if not 1 <= size <= 65_536:
-                raise ValueError(f"by_buffer.{name}: batch size {size} must be in 1..65536")
         return self
 
 
@@ -234,7 +248,7 @@ class SampleResponse(Response):
 
 class PriorityUpdate(Request):
     buffer: Id
-    item_ids: list[int] = Field(max_length=1_000_000)
+    item_ids: list[Int64] = Field(max_length=1_000_000)
     priorities: list[float] = Field(max_length=1_000_000)
 
     @model_validator(mode="after")
@@ -252,12 +266,12 @@ class Consumed(Request):
 
 class LearnInfo(Request):
     worker_id: Id
-    train_iterations: int = Field(ge=0)
-    policy_version: int = Field(ge=-1)
-    metrics: dict[str, float] = Field(default_factory=dict, max_length=256)
+    train_iterations: Count
+    policy_version: Version
+    metrics: dict[str, Finite] = Field(default_factory=dict, max_length=256)
     priorities: list[PriorityUpdate] = Field(default_factory=list, max_length=64)
     consumed: list[Consumed] = Field(default_factory=list, max_length=64)
-    timers: dict[str, float] = Field(default_factory=dict, max_length=32, description="ms per "
+    timers: dict[str, Finite] = Field(default_factory=dict, max_length=32, description="ms per "
                                      "train iteration since the last report, by phase")
 
 
@@ -273,8 +287,8 @@ EvalMode = Literal["deterministic", "stochastic"]
 
 
 class EvalEpisodes(Request):
-    returns: list[float] = Field(min_length=1, max_length=100_000)
-    lengths: list[int] = Field(min_length=1, max_length=100_000)
+    returns: list[Return] = Field(min_length=1, max_length=100_000)
+    lengths: list[Count] = Field(min_length=1, max_length=100_000)
 
     @model_validator(mode="after")
     def _same_length(self) -> EvalEpisodes:
@@ -289,7 +303,7 @@ class EvaluationReport(Request):
 
     worker_id: Id
     task_id: Id
-    policy_version: int = Field(ge=-1)
+    policy_version: Version
     deterministic: EvalEpisodes
     stochastic: EvalEpisodes | None = None
 
@@ -329,9 +343,15 @@ class TaskResult(Request):
 
 
 class ErrorBody(Response):
+    """Every error answer of every service (`shared.webapp.error`)."""
+
     error: str
-    field: str | None = None
-    detail: list[dict[str, Any]] | None = None
+    field: str | None = Field(None, description="the dotted path of the offending field "
+                              "(or header: `Authorization`), when there is one")
+    detail: list[dict[str, Any]] | None = Field(None, description="400: every validation "
+                                                "error, as pydantic reports them")
+    retry_after_s: float | None = Field(None, description="429: the `Retry-After` header's "
+                                        "value, in seconds")
 
 
 class CollectPermitRequest(Request):
@@ -344,3 +364,145 @@ class CollectPermitRequest(Request):
 class CollectPermitResponse(Response):
     granted: bool
     stop: bool
+
+
+# -- run control (operator -> coordinator) ---------------------------------------------------
+
+class ScaleRequest(Request):
+    """How many collectors the run should have. The coordinator records it; whatever starts
+    processes (`rlfleet up`'s launcher; compose or Kubernetes act on their own scale
+    commands) reconciles, draining the collectors it removes."""
+
+    collectors: int = Field(ge=0, le=1024)
+
+
+class RunState(Response):
+    state: Literal["running", "paused", "stopped"]
+    paused: bool
+    stop_reason: str | None = None
+    collectors_desired: int | None = None
+    collectors_alive: int
+
+
+# -- read-only views (coordinator GET routes) ------------------------------------------------
+# What the coordinator's GET routes answer. The coordinator builds these as plain dicts (they
+# mirror its internal records); these models describe them for the OpenAPI document, so a
+# client, or schemathesis, can check an answer without reading the coordinator's code.
+
+
+class Health(Response):
+    ok: bool
+    role: str
+
+
+class WorkerInfo(Response):
+    """One member of the cluster, as `coordinator.membership.Worker.to_json` reports it."""
+
+    worker_id: str
+    role: Role
+    url: str
+    state: WorkerState
+    registrations: int = Field(description="1, plus one per registration again under this id")
+    seconds_since_heartbeat: float
+    chunks_accepted: int = Field(description="chunks this worker reported that were taken")
+    status: dict[str, float] = Field(description="the worker's last heartbeat `status`")
+
+
+class WorkerList(Response):
+    workers: list[WorkerInfo]
+
+
+class TaskInfo(Response):
+    """One task, as `coordinator.tasks.TaskRecord.to_json` reports it."""
+
+    task_id: str
+    kind: TaskKind
+    worker_id: str
+    state: TaskState
+    error: str | None
+    task: Task
+
+
+class TaskList(Response):
+    tasks: list[TaskInfo]
+
+
+class BufferStats(Response):
+    """One replay buffer: its kind, and numeric statistics whose names depend on the kind
+    (`size`, `capacity`, `inserted_items`, ..., `dropped/<reason>`)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, float]
+
+    kind: str
+
+
+class BufferList(Response):
+    buffers: dict[str, BufferStats]
+
+
+class BufferInfo(BufferStats):
+    """`GET /buffers/<name>`: the buffer's statistics and its name."""
+
+    name: str
+
+
+class EvaluationList(Response):
+    evaluations: list[EvaluationResult]
+
+
+class RunInfo(Response):
+    name: str
+    state: Literal["running", "paused", "stopped"]
+    paused: bool
+    collectors_desired: int | None
+    stop_reason: str | None
+    solved: bool
+    wall_seconds: float
+    stop_value: float | None
+    storage: str
+    first_chunk_s: float | None = Field(description="seconds from start to the first chunk: "
+                                        "the workers' start-up")
+
+
+class RunCounters(Response):
+    env_steps: int
+    train_iterations: int
+    granted_batches: int
+    policy_version: int
+    chunks_accepted: int
+    episodes: int
+
+
+class RunRates(Response):
+    env_steps_per_s: float
+    train_iterations_per_s: float
+
+
+class ReplaySize(Response):
+    size: int = Field(description="items in all buffers")
+    chunks: int = Field(description="chunks some buffer refers to")
+
+
+class CollectStats(Response):
+    episode_return_mean: float | None
+    episode_length_mean: float | None
+
+
+class Status(Response):
+    """`GET /status`: the whole run at one glance (`rlfleet status` prints it)."""
+
+    run: RunInfo
+    counters: RunCounters
+    rates: RunRates
+    buffer: ReplaySize
+    buffers: dict[str, BufferStats]
+    metrics: dict[str, float] = Field(description="flat scalars under the names the logger "
+                                      "uses (`buffer/...`, `collect/...`, `train/...`, "
+                                      "`eval/...`)")
+    collect: CollectStats
+    train: dict[str, float] = Field(description="the learner's last reported metrics")
+    workers: list[WorkerInfo]
+    tasks: list[TaskInfo] = Field(description="active tasks only")
+    latest_evaluation: EvaluationResult | None
+    best_evaluation: EvaluationResult | None

@@ -2,22 +2,46 @@
 
 Every error answer is JSON: `{"error": ..., "field": ...}`, where `field` is the dotted path of
 the first offending field for a validation error, so a client sees what to fix.
+
+Bodies are capped at `RLFLEET_MAX_BODY_BYTES` (8 MB unless set), so no client can make a
+service buffer an unbounded body in memory (`parse_body` reads a body whole). Werkzeug
+refuses a `Content-Length` over it; a chunked body (gunicorn sets `wsgi.input_terminated`)
+is read up to the limit and refused if it goes on (`read_body`). Either way the answer is a
+JSON 413 naming the limit.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import TypeVar
 
 from flask import Flask, jsonify, request
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from shared.config import ConfigError
 
 T = TypeVar("T", bound=BaseModel)
 
 log = logging.getLogger("rlfleet.http")
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+MAX_BODY_ENV = "RLFLEET_MAX_BODY_BYTES"
+
+
+def max_body_bytes() -> int:
+    """The body size limit: `RLFLEET_MAX_BODY_BYTES`, or `DEFAULT_MAX_BODY`."""
+    raw = os.environ.get(MAX_BODY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{MAX_BODY_ENV} must be a positive number of bytes, got {raw!r}")
+    return value
 
 
 class BadRequest(Exception):
@@ -34,9 +58,24 @@ def error(status: int, message: str, field: str | None = None, **extra):
     return jsonify(body), status
 
 
+def read_body() -> bytes:
+    """The request body, whole, or `RequestEntityTooLarge` when it is over the limit.
+
+    Werkzeug refuses a too-large `Content-Length` up front, but a chunked body (no
+    `Content-Length`) is only cut off at the limit, silently: the parser would then see a
+    truncated body and answer a misleading 400. One more byte from the server's own stream
+    tells a body that ends exactly at the limit from one that goes on."""
+    data = request.get_data(cache=False)
+    limit = request.max_content_length
+    if (request.content_length is None and limit is not None and len(data) >= limit
+            and request.environ["wsgi.input"].read(1)):
+        raise RequestEntityTooLarge()
+    return data
+
+
 def parse_body(model: type[T]) -> T:
     """Validate the request body as `model` (unknown fields are errors)."""
-    data = request.get_data(cache=False)
+    data = read_body()
     if request.mimetype not in ("application/json", "") and data:
         raise BadRequest(f"expected Content-Type application/json, got {request.mimetype}")
     if not data:
@@ -55,11 +94,18 @@ def parse_body(model: type[T]) -> T:
 
 def install_error_handlers(app: Flask) -> None:
     if app.config.get("MAX_CONTENT_LENGTH") is None:  # Flask's default config holds None
-        app.config["MAX_CONTENT_LENGTH"] = DEFAULT_MAX_BODY
+        app.config["MAX_CONTENT_LENGTH"] = max_body_bytes()
 
     @app.errorhandler(BadRequest)
     def _bad(err: BadRequest):
         return error(400, err.message, err.field, detail=err.detail)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(err: RequestEntityTooLarge):
+        limit = request.max_content_length
+        size = request.content_length  # None for a chunked body: cut off at the limit
+        what = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+        return error(413, f"request body is {what}; the limit is {limit}")
 
     @app.errorhandler(HTTPException)
     def _http(err: HTTPException):

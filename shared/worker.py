@@ -5,7 +5,8 @@
   coordinator restarted or declared it dead), and leaves on shutdown.
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
-  `POST /task`, the same under gunicorn and the pytest client.
+  `POST /task`, the same under gunicorn and the pytest client; with a cluster token set, all
+  but `/health` need it (`shared.auth`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from flask import Flask, current_app, jsonify
 
+from shared.auth import install_token_guard, load_token
 from shared.config import RunConfig, parse_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
@@ -202,6 +204,7 @@ class WorkerService(ABC):
 def create_worker_app(service: WorkerService) -> Flask:
     app = Flask(f"rlfleet.{service.role.value}")
     install_error_handlers(app)
+    install_token_guard(app, load_token())  # the coordinator sends it with every task push
     app.extensions["rlfleet"] = service
 
     def svc() -> WorkerService:

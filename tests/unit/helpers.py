@@ -5,6 +5,7 @@ coordinator processes, and the calls tests make to them as workers would."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -186,12 +187,16 @@ class CoordinatorProc:
     config: dict
     proc: subprocess.Popen
     log_path: Path
+    token: str | None = None  # the RLFLEET_TOKEN it was started with, sent by `status()`
 
     def api(self, path: str) -> str:
         return f"{self.url}/api/v1{path}"
 
     def status(self) -> dict:
-        r = requests.get(self.api("/status"), timeout=5, headers={"Connection": "close"})
+        headers = {"Connection": "close"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        r = requests.get(self.api("/status"), timeout=5, headers=headers)
         r.raise_for_status()
         return r.json()
 
@@ -217,14 +222,16 @@ class CoordinatorPool:
         for overrides in override_sets:
             self.spares.append((overrides, self._spawn(overrides)))
 
-    def take(self, **overrides: dict) -> CoordinatorProc:
-        """A healthy coordinator with the test config changed by `overrides`."""
+    def take(self, *, environ: dict[str, str] | None = None, **overrides: dict
+             ) -> CoordinatorProc:
+        """A healthy coordinator with the test config changed by `overrides`; `environ` adds
+        variables to its environment (then it is never a prewarmed spare)."""
         for i, (spare_overrides, _) in enumerate(self.spares):
-            if spare_overrides == overrides:
+            if spare_overrides == overrides and not environ:
                 c = self.spares.pop(i)[1]
                 break
         else:
-            c = self._spawn(overrides)
+            c = self._spawn(overrides, environ=environ)
         self._wait_healthy(c)
         return c
 
@@ -264,8 +271,14 @@ class CoordinatorPool:
                 c.proc.wait(timeout=10)
 
     def _spawn(self, overrides: dict | None, config: dict | None = None,
-               storage_dir: Path | None = None, args: tuple[str, ...] = ()) -> CoordinatorProc:
+               storage_dir: Path | None = None, args: tuple[str, ...] = (),
+               environ: dict[str, str] | None = None) -> CoordinatorProc:
         n = len(self.procs)
+        # A token in the developer's shell must not guard the coordinators tests talk to
+        # without one; a test that wants one passes it in `environ`.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RLFLEET_TOKEN", "RLFLEET_TOKEN_FILE")}
+        env.update(environ or {})
         cfg = config if config is not None else make_config(**(overrides or {}))
         cfg_path = self.tmp_dir / f"coordinator-{n}.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
@@ -278,9 +291,9 @@ class CoordinatorPool:
                 [sys.executable, "-m", "services.cli", "coordinator", "--config", str(cfg_path),
                  "--port", str(port), "--run-dir", str(run_dir), "--storage", str(storage_dir),
                  "--threads", "8", *args],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         c = CoordinatorProc(f"http://127.0.0.1:{port}", storage_dir, run_dir, cfg, proc,
-                            log_path)
+                            log_path, env.get("RLFLEET_TOKEN"))
         self.procs.append(c)
         return c
 

@@ -4,6 +4,7 @@ user would make their package importable on every worker."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -110,3 +111,16 @@ class TwoObjectiveWalk(LineWalk):
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
         return obs, np.array([reward, -0.01]), terminated, truncated, info
+
+
+class SlowCartPole(gym.Wrapper):
+    """CartPole-v1 whose step takes at least `step_s` seconds, like a slow simulator: the
+    collectors, not the CPU, are then what limits env steps/s."""
+
+    def __init__(self, step_s: float = 0.002) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.step_s = step_s
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        return self.env.step(action)
