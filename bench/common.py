@@ -64,6 +64,23 @@ def rounded(value: float | None, digits: int = 3) -> float | int | None:
 
 # -- storage ------------------------------------------------------------------------------
 
+def free_running_data(base: Path, name: str, storage: str, epsilon: float) -> dict:
+    """The base config as a dict, made free-running for a throughput measurement: no
+    replay-ratio throttling, no evaluations, no stop rule, and a constant epsilon (so every
+    collector acts alike from its first step, whatever the run's env step count)."""
+    from shared.config import load_config
+
+    data = load_config(base).model_dump(mode="json")
+    data["name"] = name
+    data["storage"] = storage
+    data["algo"].update(eps_start=epsilon, eps_end=epsilon)
+    for buffer in data["buffers"].values():
+        buffer["rate_limit"]["samples_per_insert"] = None
+    data["eval"].update(every_env_steps=10**12, stop_value=None)
+    data["stop"] = {"max_env_steps": None, "max_wall_s": None}
+    return data
+
+
 def is_redis(url: str) -> bool:
     return url.startswith(("redis://", "rediss://", "unix://"))
 

@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     clear_storage,
     emit,
     fmt,
+    free_running_data,
     log,
     print_tables,
     progress,
@@ -54,7 +55,7 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from services.launcher import Child, ChildFailed, LocalCluster  # noqa: E402
-from shared.config import RunConfig, load_config, parse_config  # noqa: E402
+from shared.config import RunConfig, parse_config  # noqa: E402
 from shared.http import HttpClient, HttpError  # noqa: E402
 from shared.schemas import API  # noqa: E402
 
@@ -69,16 +70,9 @@ def bench_config(base: Path, name: str, storage: str, step_s: float, num_envs: i
     with the base config's schedule (decaying over the run's global env steps) 16 collectors
     would act greedily, running the network, far sooner than one, and the CPU per env step
     would differ between collector counts."""
-    data = load_config(base).model_dump(mode="json")
-    data["name"] = name
-    data["storage"] = storage
-    data["algo"].update(eps_start=epsilon, eps_end=epsilon)
+    data = free_running_data(base, name, storage, epsilon)
     data["env"].update(id=SLOW_ENV, kwargs={"step_s": step_s}, num_envs=num_envs)
     data["collector"]["chunk_size"] = chunk_size
-    for buffer in data["buffers"].values():
-        buffer["rate_limit"]["samples_per_insert"] = None
-    data["eval"].update(every_env_steps=10**12, stop_value=None)
-    data["stop"] = {"max_env_steps": None, "max_wall_s": None}
     return parse_config(data, "scaling bench config")
 
 

@@ -44,6 +44,7 @@ from bench.common import (  # noqa: E402
     clear_storage,
     emit,
     fmt,
+    free_running_data,
     is_redis,
     log,
     print_tables,
@@ -57,7 +58,7 @@ from learner.arena import ChunkArena  # noqa: E402
 from learner.batching import assemble_from  # noqa: E402
 from services.launcher import Child, LocalCluster  # noqa: E402
 from shared.algos.base import make_policy  # noqa: E402
-from shared.config import DQNConfig, RunConfig, load_config, parse_config  # noqa: E402
+from shared.config import DQNConfig, RunConfig, parse_config  # noqa: E402
 from shared.envs import env_spec, make_vector_env  # noqa: E402
 from shared.http import HttpClient, HttpError  # noqa: E402
 from shared.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
@@ -71,15 +72,7 @@ LEARNER_GOAL = 0.9     # learner_utilisation the team aims for
 def bench_config(base: Path, name: str, storage: str, epsilon: float) -> RunConfig:
     """The base config made free-running: no replay-ratio throttling, no evaluations, no stop
     rule, and a constant epsilon (so in-process and cluster act alike from the first step)."""
-    data = load_config(base).model_dump(mode="json")
-    data["name"] = name
-    data["storage"] = storage
-    data["algo"].update(eps_start=epsilon, eps_end=epsilon)
-    for buffer in data["buffers"].values():
-        buffer["rate_limit"]["samples_per_insert"] = None
-    data["eval"].update(every_env_steps=10**12, stop_value=None)
-    data["stop"] = {"max_env_steps": None, "max_wall_s": None}
-    return parse_config(data, "bench config")
+    return parse_config(free_running_data(base, name, storage, epsilon), "bench config")
 
 
 # -- in-process ceilings ------------------------------------------------------------------

@@ -399,3 +399,17 @@ def prewarm_module(request, pool, boots: dict[str, dict],
         if any(fixture in item.fixturenames for item in mine):
             configs.append(cfg)
     pool.prewarm(*configs)
+
+
+def comparable_status(c: CoordinatorProc) -> dict:
+    """/status without what moves with the clock, for "this request changed nothing"."""
+    s = c.status()
+    s["run"].pop("wall_seconds")
+    s.pop("rates")
+    for b in s["buffers"].values():
+        b.pop("inserts_per_s")
+        b.pop("samples_per_s")
+    for w in s["workers"]:
+        w.pop("seconds_since_heartbeat")
+    s["metrics"] = {k: v for k, v in s["metrics"].items() if not k.endswith("_per_s")}
+    return s

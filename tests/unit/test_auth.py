@@ -29,6 +29,7 @@ from .helpers import (
     REPO,
     TIMEOUT,
     CoordinatorProc,
+    comparable_status,
     free_port,
     make_config,
     ok,
@@ -143,18 +144,6 @@ def authed(c: CoordinatorProc, method: str, path: str, body=None) -> requests.Re
     return HTTP.request(method, c.api(path), json=body, headers=with_token(), timeout=TIMEOUT)
 
 
-def comparable_status(c: CoordinatorProc) -> dict:
-    """/status (fetched with the token) without what moves with the clock."""
-    s = c.status()
-    s["run"].pop("wall_seconds")
-    s.pop("rates")
-    for b in s["buffers"].values():
-        b.pop("inserts_per_s")
-        b.pop("samples_per_s")
-    for w in s["workers"]:
-        w.pop("seconds_since_heartbeat")
-    s["metrics"] = {k: v for k, v in s["metrics"].items() if not k.endswith("_per_s")}
-    return s
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from .helpers import (
     CoordinatorProc,
     buffer_config,
     collector_and_learner,
+    comparable_status,
     get,
     ok,
     post,
@@ -75,19 +76,6 @@ def _boot_coordinators(request, coordinator_pool):
 
 # -- helpers ------------------------------------------------------------------------------
 
-def comparable_status(c: CoordinatorProc) -> dict:
-    """/status without what moves with the clock."""
-    s = c.status()
-    s["run"].pop("wall_seconds")
-    s.pop("rates")
-    for b in s["buffers"].values():
-        b.pop("inserts_per_s")
-        b.pop("samples_per_s")
-    for w in s["workers"]:
-        w.pop("seconds_since_heartbeat")
-    s["metrics"] = {k: v for k, v in s["metrics"].items()
-                    if not k.endswith("_per_s")}
-    return s
 
 
 # -- membership and task pushes -----------------------------------------------------------
