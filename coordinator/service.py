@@ -57,6 +57,12 @@ from shared.storage import evaluated_blob, open_storage
 log = logging.getLogger("rlfleet.coordinator")
 
 
+def buffer_metrics(buffers: dict[str, dict]) -> dict[str, float]:
+    """Buffer stats as flat metrics, `buffer/<name>/<stat>` (numeric stats only)."""
+    return {f"buffer/{name}/{key}": float(value) for name, stats in buffers.items()
+            for key, value in stats.items() if isinstance(value, int | float)}
+
+
 def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
     r = np.asarray(returns, dtype=np.float64)
     return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
@@ -499,8 +505,7 @@ class Coordinator:
                         "train_iterations": self.train_iterations,
                         "policy_version": self.policy_version,
                         "chunks_accepted": self.chunks_accepted, "episodes": self.episodes}
-        out = {f"buffer/{name}/{key}": float(value) for name, stats in buffers.items()
-               for key, value in stats.items() if isinstance(value, int | float)}
+        out = buffer_metrics(buffers)
         out.update({f"counters/{k}": float(v) for k, v in counters.items()})
         for role in (Role.COLLECTOR, Role.LEARNER):
             out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
@@ -621,10 +626,7 @@ class Coordinator:
 
     def _metrics(self, buffers: dict, returns: list[float], steps_per_s: float,
                  latest: dict | None) -> dict[str, float]:
-        out: dict[str, float] = {f"buffer/{name}/{key}": value
-                                 for name, stats in buffers.items()
-                                 for key, value in stats.items()
-                                 if isinstance(value, int | float)}
+        out = buffer_metrics(buffers)
         out["collect/env_steps_per_s"] = round(steps_per_s, 1)
         if returns:
             out.update({"collect/return_min": min(returns),

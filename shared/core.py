@@ -42,12 +42,3 @@ class WeightSource(Protocol):
 
     def poll(self, current_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """A newer (version, state) than `current_version`, or None."""
-
-
-@runtime_checkable
-class Saveable(Protocol):
-    def state(self) -> dict[str, torch.Tensor]:
-        ...
-
-    def restore(self, state: Mapping[str, torch.Tensor]) -> None:
-        ...
