@@ -5,6 +5,14 @@ Announcing happens on a reporter thread that batches whatever metadata is waitin
 per second however fast the envs run. A chunk is announced only after its write returned, and
 metadata that could not be delivered is kept and sent again: nothing acknowledged is lost,
 and the coordinator ignores a chunk id it already holds, so a retry cannot count twice.
+
+Storage may be down for a while (a Redis restart, a remounted volume). Then a chunk that could
+not be written is *held*: kept encoded in memory while a writer thread retries the held chunks,
+oldest first, with exponential backoff, and announces each once its write succeeded. New
+chunks queue behind the held ones, so chunks reach storage in the order they were made. At
+most `max_held_chunks` are held; then `add()` waits for room, which pauses collection rather
+than growing memory without bound. A held chunk was never announced, so losing it (the
+collector dies before storage comes back) loses nothing the coordinator counted.
 """
 
 from __future__ import annotations
@@ -14,61 +22,174 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from shared.codec import encode_arrays
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse
-from shared.storage import Storage
+from shared.storage import Storage, StorageError
 
 log = logging.getLogger("rlfleet.collector")
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A chunk storage could not take yet: its bytes, and what to announce once written."""
+
+    chunk_id: str
+    blob: bytes
+    meta: ChunkMeta
 
 
 class StorageAdder:
     def __init__(self, storage: Storage, client: HttpClient, worker_id: Callable[[], str],
-                 task_id: Callable[[], str | None], report_interval_s: float = 0.05) -> None:
+                 task_id: Callable[[], str | None], report_interval_s: float = 0.05,
+                 max_held_chunks: int = 64) -> None:
+        if max_held_chunks < 1:
+            raise ValueError(f"max_held_chunks={max_held_chunks} must be >= 1")
         self.storage = storage
         self.client = client
         self.worker_id = worker_id
         self.task_id = task_id
         self.report_interval_s = report_interval_s
+        self.max_held_chunks = max_held_chunks
         self._q: queue.Queue[ChunkMeta | None] = queue.Queue()
         self._pending: list[ChunkMeta] = []
-        self._idle = threading.Condition()
+        # One lock for the held chunks and the announcement count: `add()` waits on it for
+        # room, the writer for work, `flush()`/`close()` for everything to drain.
+        self._cond = threading.Condition()
+        self._held: deque[_Held] = deque()
         self._unreported = 0
+        self._closing = False
+        self._abandon = threading.Event()  # close() gave up: the writer stops retrying
+        self._outage = False  # logging once per outage, not once per failed write
         self.chunks_written = 0
         self.chunks_reported = 0
+        self.write_failures = 0
         self.global_env_steps = 0
         self.throttle = threading.Event()
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
         self._thread.start()
+        self._writer = threading.Thread(target=self._write_loop, name="chunk-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    @property
+    def chunks_held(self) -> int:
+        """Chunks made but not yet written (storage is, or was just, unavailable)."""
+        with self._cond:
+            return len(self._held)
 
     def add(self, arrays: Mapping[str, np.ndarray], policy_version: int,
             episode_returns: list[float], episode_lengths: list[int],
             segments: list[tuple[int, int]] | None = None,
             timers: dict[str, float] | None = None,
             episode_return_components: list[list[float]] | None = None) -> str:
+        """Write a chunk (or hold it, if storage cannot take it now) and queue its metadata
+        for announcement once written. Never raises `StorageError`; waits while
+        `max_held_chunks` are held, until there is room or the adder is stopping."""
         chunk_id = uuid.uuid4().hex
         t0 = time.perf_counter()
         blob = encode_arrays(arrays, {"policy_version": str(policy_version),
                                       "worker_id": self.worker_id() or ""})
-        self.storage.put_chunk(chunk_id, blob)
         # ms per vector step, like the rollout's timers, so the phases add up per step
         timers = dict(timers or {})
         steps = max(1.0, timers.pop("vector_steps", 1.0))
-        timers["write_ms"] = 1000.0 * (time.perf_counter() - t0) / steps
-        self.chunks_written += 1
-        with self._idle:
-            self._unreported += 1
-        self._q.put(ChunkMeta(chunk_id=chunk_id, length=int(len(arrays["reward"])),
-                              policy_version=policy_version, episode_returns=episode_returns,
-                              episode_lengths=episode_lengths, segments=segments or [],
-                              timers=timers,
-                              episode_return_components=episode_return_components or []))
+
+        def encoded() -> _Held:  # the metadata's write_ms counts up to now
+            timers["write_ms"] = 1000.0 * (time.perf_counter() - t0) / steps
+            return _Held(chunk_id, blob, ChunkMeta(
+                chunk_id=chunk_id, length=int(len(arrays["reward"])),
+                policy_version=policy_version, episode_returns=episode_returns,
+                episode_lengths=episode_lengths, segments=segments or [], timers=timers,
+                episode_return_components=episode_return_components or []))
+
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._held) < self.max_held_chunks
+                                or self._closing or self.stop.is_set())
+            if self._held:  # keep write order: the writer takes it after those before it
+                self._held.append(encoded())
+                self._cond.notify_all()
+                return chunk_id
+        try:
+            self.storage.put_chunk(chunk_id, blob)
+        except StorageError as err:
+            self._write_failed(err)
+            with self._cond:
+                self._held.append(encoded())
+                self._cond.notify_all()
+            return chunk_id
+        self._recovered()
+        with self._cond:
+            self._announce(encoded().meta)
         return chunk_id
+
+    def halt(self) -> None:
+        """Stop taking chunks: sets `stop` and wakes an `add()` waiting for room (the run
+        stopped, or the collector is shutting down)."""
+        self.stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- writing held chunks ----------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        delay = RETRY_FIRST_S
+        while not self._abandon.is_set():
+            with self._cond:
+                self._cond.wait_for(lambda: self._held or self._abandon.is_set())
+                if self._abandon.is_set():
+                    return
+                held = self._held[0]
+            try:
+                self.storage.put_chunk(held.chunk_id, held.blob)
+            except StorageError as err:
+                self._write_failed(err)
+                if self._abandon.wait(delay):
+                    return
+                delay = min(RETRY_MAX_S, delay * 2)
+                continue
+            delay = RETRY_FIRST_S
+            self._recovered()
+            with self._cond:  # announced in write order: add() writes only when none held
+                self._held.popleft()
+                self._announce(held.meta)
+                self._cond.notify_all()
+
+    def _announce(self, meta: ChunkMeta) -> None:
+        """Queue a written chunk's metadata for the reporter (called holding `_cond`)."""
+        self.chunks_written += 1
+        self._unreported += 1
+        self._q.put(meta)
+
+    def _write_failed(self, err: StorageError) -> None:
+        with self._cond:
+            self.write_failures += 1
+            first = not self._outage
+            self._outage = True
+            held = len(self._held)
+        if first:
+            log.warning("storage write failed; holding chunks in memory (up to %d) and "
+                        "retrying: %s", self.max_held_chunks, err)
+        else:
+            log.debug("storage write failed again (%d held): %s", held, err)
+
+    def _recovered(self) -> None:
+        with self._cond:
+            was_out, self._outage = self._outage, False
+            failures = self.write_failures
+        if was_out:
+            log.info("storage takes chunks again (%d failed writes so far)", failures)
+
+    # -- announcing -------------------------------------------------------------------------
 
     def _report_loop(self) -> None:
         closing = False
@@ -114,18 +235,38 @@ class StorageAdder:
         if resp.throttle_s > 0:
             self.throttle.set()
         if resp.stop:
-            self.stop.set()
-        with self._idle:
+            self.halt()
+        with self._cond:
             self._unreported -= len(batch)
-            self._idle.notify_all()
+            self._cond.notify_all()
+
+    # -- draining ---------------------------------------------------------------------------
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every written chunk is announced; False if that did not happen."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._unreported == 0, timeout)
+        """Wait until every written chunk is announced; False if that did not happen.
+        (Held chunks are not written yet: `close()` is what waits for them.)"""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._unreported == 0, timeout)
 
     def close(self, timeout: float = 10.0) -> bool:
-        flushed = self.flush(timeout)
+        """Write what is held and announce everything written, within `timeout`; True if
+        all of it was. Chunks still held then are dropped (and counted in the log): they
+        were never announced, so the coordinator counted none of them."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            written = self._cond.wait_for(lambda: not self._held, timeout)
+        flushed = self.flush(max(0.0, deadline - time.monotonic()))
+        self._abandon.set()
+        with self._cond:
+            self._cond.notify_all()
+            unwritten = len(self._held)
+        self._writer.join(timeout=1)  # it may be inside a storage call that is retrying
         self._q.put(None)
         self._thread.join(timeout=5)
-        return flushed
+        if unwritten:
+            log.warning("closing with %d chunks never written (storage was unavailable); "
+                        "they were never announced, so nothing acknowledged is lost",
+                        unwritten)
+        return written and flushed

@@ -3,6 +3,10 @@
 One loop thread does all env work (collection and evaluation take turns, so they never fight
 over the core); the reporter thread of the adder and the agent's heartbeat thread only wait on
 the network.
+
+A storage outage never ends the loop: the adder holds chunks it could not write (collection
+pauses when it holds `max_held_chunks`), and a policy check that fails keeps the policy at
+hand until storage answers again.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class CollectorService(WorkerService):
         self.evaluations_run = 0
         self.chunks_written = 0
         self.chunks_reported = 0
+        self.adder: StorageAdder | None = None
+        self._storage_out = False  # the policy check failed: log once per outage
         self.error: str | None = None
         self._t0 = time.monotonic()
 
@@ -104,7 +110,11 @@ class CollectorService(WorkerService):
         policy = make_policy(cfg.algo, spec, seed)
         weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
-                             self._task_id, cfg.collector.report_interval_s)
+                             self._task_id, cfg.collector.report_interval_s,
+                             max_held_chunks=cfg.collector.max_held_chunks)
+        self.adder = adder
+        if self._closing.is_set():  # closed while starting: an add() must not wait for room
+            adder.halt()
         task = self.task
         rollout = Rollout(envs, policy, task.chunk_size, task.mode, task.episodes_per_chunk)
         eval_envs = None
@@ -141,7 +151,17 @@ class CollectorService(WorkerService):
 
     def _refresh(self, policy: Policy, weights: StorageWeightSource,
                  force: bool = False) -> None:
-        got = weights.poll(policy.version, force=force)
+        try:
+            got = weights.poll(policy.version, force=force)
+        except StorageError as err:
+            if not self._storage_out:
+                log.warning("cannot check for a newer policy (going on with version %d "
+                            "until storage answers): %s", policy.version, err)
+            self._storage_out = True
+            return
+        if self._storage_out:
+            log.info("storage answers again: policy checks resume")
+            self._storage_out = False
         if got is not None:
             policy.load_policy(*got)
             self.policy_version = policy.version
@@ -160,7 +180,7 @@ class CollectorService(WorkerService):
             self._closing.wait(0.5)
             return False
         if resp.stop:
-            adder.stop.set()
+            adder.halt()
         if resp.granted:
             adder.throttle.clear()
         return resp.granted
@@ -189,21 +209,39 @@ class CollectorService(WorkerService):
     # -- reporting --------------------------------------------------------------------------
 
     def heartbeat_status(self) -> dict[str, float]:
-        return {"env_steps": float(self.env_steps), "policy_version": float(self.policy_version)}
+        held, failures = self._storage_counters()
+        return {"env_steps": float(self.env_steps), "policy_version": float(self.policy_version),
+                "chunks_held": float(held), "write_failures": float(failures)}
+
+    def _storage_counters(self) -> tuple[int, int]:
+        """(chunks held, failed writes) of the adder, read live: while storage is down the
+        loop may be waiting inside `add()` for room."""
+        adder = self.adder
+        return (adder.chunks_held, adder.write_failures) if adder else (0, 0)
 
     def status(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self._t0, 1e-9)
+        held, failures = self._storage_counters()
         return {"task_id": self._task_id(), "env_steps": self.env_steps,
                 "env_steps_per_s": round(self.env_steps / elapsed, 1),
                 "policy_version": self.policy_version, "policy_loads": self.policy_loads,
                 "chunks_written": self.chunks_written, "chunks_reported": self.chunks_reported,
+                "chunks_held": held, "write_failures": failures,
                 "evaluations": self.evaluations_run, "error": self.error}
 
     def on_run_stopped(self) -> None:
         self._closing.set()
+        self._halt_adder()
 
     def close(self) -> None:
         self._closing.set()
+        self._halt_adder()
         if self._loop is not None:
             self._loop.join(timeout=15)
         super().close()
+
+    def _halt_adder(self) -> None:
+        """Wake the loop if it waits in `add()` for room while storage is down."""
+        adder = self.adder
+        if adder is not None:
+            adder.halt()

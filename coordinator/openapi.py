@@ -62,6 +62,8 @@ ERROR_REASONS = {
     409: "the task belongs to another worker, or is of another kind",
     413: "the body is larger than `RLFLEET_MAX_BODY_BYTES`",
     429: "nothing could be sampled within `wait_s`: retry after `Retry-After` seconds",
+    503: "storage is unavailable (a Redis restart): nothing was changed; retry after "
+         "`Retry-After` seconds",
 }
 BODY_ERRORS = (400, 413)  # what any route that reads a body can answer
 
@@ -91,10 +93,12 @@ def openapi_document() -> dict[str, Any]:
     for operations in doc["paths"].values():
         for op in operations.values():
             responses = op["responses"]
-            if "429" in responses:
-                responses["429"]["headers"] = {"Retry-After": {
-                    "description": "seconds to wait before asking again", "required": True,
-                    "schema": {"type": "string", "pattern": r"^[0-9.]+(e[-+]?[0-9]+)?$"}}}
+            for code in ("429", "503"):
+                if code in responses:
+                    responses[code]["headers"] = {"Retry-After": {
+                        "description": "seconds to wait before asking again",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": r"^[0-9.]+(e[-+]?[0-9]+)?$"}}}
             if "401" in responses:
                 responses["401"]["headers"] = {"WWW-Authenticate": {
                     "description": "always `Bearer`", "required": True,

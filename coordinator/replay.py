@@ -2,12 +2,19 @@
 
 Callers hold one lock around every method (the coordinator's condition), so the buffers,
 their limiters and the registry always change together.
+
+The replay also keeps the *ledger*: every chunk the coordinator acknowledged is either still
+in some buffer or was let go of for a counted reason (evicted, consumed, dropped/<reason>).
+A chunk in several buffers is counted once, when the last of them lets go, under that
+buffer's reason; so `acknowledged == in_buffers + evicted + consumed + dropped` at every
+moment the lock is free.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +80,8 @@ class Replay:
         self.insert_into = list(cfg.collector.insert_into or cfg.buffers)
         self.registry = ChunkRegistry()
         self.generation = 0  # of the last snapshot written or loaded
+        self.released_by: Counter[str] = Counter()  # the ledger: chunks let go of, by reason
+        self.holders: dict[str, str] = {}  # queue chunk in flight -> the learner holding it
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.registry
@@ -82,26 +91,64 @@ class Replay:
 
     # -- inserting --------------------------------------------------------------------------
 
+    def unseen(self, metas: list[ChunkMeta]) -> list[ChunkMeta]:
+        """The chunks not held or released lately: a retried report, or an id listed twice,
+        counts once."""
+        fresh: list[ChunkMeta] = []
+        seen: set[str] = set()
+        for m in metas:
+            if not self.registry.seen(m.chunk_id) and m.chunk_id not in seen:
+                seen.add(m.chunk_id)
+                fresh.append(m)
+        return fresh
+
     def insert(self, metas: list[ChunkMeta], train_iteration: int) -> tuple[list[ChunkMeta],
                                                                             list[str]]:
         """Index new chunks in every receiving buffer; returns (the chunks that were new,
         the chunk ids no buffer refers to any more, to delete from storage)."""
-        fresh: list[ChunkMeta] = []
-        seen: set[str] = set()
-        for m in metas:  # a retried report, or an id listed twice, counts once
-            if not self.registry.seen(m.chunk_id) and m.chunk_id not in seen:
-                seen.add(m.chunk_id)
-                fresh.append(m)
+        fresh = self.unseen(metas)
         if not fresh:
             return [], []
         infos = [ChunkInfo(m.chunk_id, m.length, m.policy_version,
                            tuple(tuple(s) for s in m.segments)) for m in fresh]
         for info in infos:
             self.registry.hold(info.chunk_id, len(self.insert_into))
-        released: list[str] = []
+        dead: list[str] = []
         for name in self.insert_into:
-            released += self.buffers[name].insert(infos, train_iteration)
-        return fresh, self.registry.release(released)
+            dead += self._settle(self.buffers[name],
+                                 self.buffers[name].insert(infos, train_iteration))
+        return fresh, dead
+
+    def _settle(self, buf: Buffer, released: list[str]) -> list[str]:
+        """Drop the buffer's references; count in the ledger, under the buffer's reason,
+        each chunk that no buffer holds any more. Returns those ids (to delete)."""
+        if not released:
+            return []
+        reasons = {cid: buf.release_reasons.pop(cid, "evicted") for cid in released}
+        held = {cid for cid in reasons if cid in self.registry}
+        dead = self.registry.release(released)
+        for cid in dead:
+            if cid in held:  # a chunk never held (restored mid-release) is not recounted
+                self.released_by[reasons[cid]] += 1
+            self.holders.pop(cid, None)
+        return dead
+
+    def ledger(self, acknowledged: int) -> dict:
+        """The ledger (see the module docstring) and whether it balances; plus chunk ids
+        indexed twice in one buffer (there must be none)."""
+        dropped = {k.split("/", 1)[1]: v for k, v in sorted(self.released_by.items())
+                   if k.startswith("dropped/")}
+        evicted, consumed = self.released_by["evicted"], self.released_by["consumed"]
+        in_buffers = len(self.registry)
+        duplicates = {}
+        for name, buf in self.buffers.items():
+            ids = buf.chunk_occurrences()
+            duplicates[name] = len(ids) - len(set(ids))
+        return {"acknowledged": acknowledged, "in_buffers": in_buffers, "evicted": evicted,
+                "consumed": consumed, "dropped": dropped,
+                "balanced": acknowledged == in_buffers + evicted + consumed
+                + sum(dropped.values()),
+                "duplicate_chunks": duplicates}
 
     def inserts_blocked(self) -> bool:
         """Some receiving buffer's samplers are too far behind: collectors should wait."""
@@ -149,18 +196,22 @@ class Replay:
         return max(0, grant)
 
     def sample(self, plan: list[PartPlan], num_batches: int, train_iteration: int,
-               policy_version: int) -> tuple[list[str], list[PartRefs], list[str]]:
+               policy_version: int, worker_id: str | None = None
+               ) -> tuple[list[str], list[PartRefs], list[str]]:
         """(chunk ids, one PartRefs per part, chunk ids to delete: queue buffers drop stale
-        chunks while handing out)."""
+        chunks while handing out). Whole chunks handed out of a queue are remembered as held
+        by `worker_id`, so they can be requeued if that learner dies."""
         chunk_ids: list[str] = []
-        released: list[str] = []
+        dead: list[str] = []
         index_of: dict[str, int] = {}
         parts = []
         for part in plan:
             buf = self.buffers[part.buffer]
             refs = buf.sample(part.batch_size, num_batches, train_iteration, policy_version)
             if isinstance(buf, QueueBuffer):
-                released += buf.take_released()
+                dead += self._settle(buf, buf.take_released())
+                if worker_id is not None:
+                    self.holders.update(dict.fromkeys(refs.chunk_ids, worker_id))
             # Renumber this part's chunk indices into the response's shared chunk list.
             remap = np.empty(len(refs.chunk_ids), dtype=np.int64)
             for j, cid in enumerate(refs.chunk_ids):
@@ -173,7 +224,7 @@ class Replay:
                 part.buffer, part.key, remap[refs.chunk_index] if remap.size else
                 refs.chunk_index, refs.rows, refs.item_ids, refs.weights, refs.sequence_length,
                 refs.lengths))
-        return chunk_ids, parts, self.registry.release(released)
+        return chunk_ids, parts, dead
 
     # -- feedback from learners ---------------------------------------------------------------
 
@@ -188,13 +239,27 @@ class Replay:
         return applied
 
     def consume(self, consumed: list[Consumed]) -> list[str]:
-        released: list[str] = []
+        dead: list[str] = []
         for i, c in enumerate(consumed):
             buf = self.buffers.get(c.buffer)
             if buf is None:
                 raise UnknownBuffer(c.buffer, f"consumed.{i}.buffer")
-            released += buf.consume(c.chunk_ids)
-        return self.registry.release(released)
+            dead += self._settle(buf, buf.consume(c.chunk_ids))
+        return dead
+
+    def requeue_held_by(self, worker_id: str) -> int:
+        """Give back the queue chunks a learner took and will never consume (it died or
+        restarted): they go to the head of their queue, to be handed out again."""
+        ids = [cid for cid, holder in self.holders.items() if holder == worker_id]
+        if not ids:
+            return 0
+        n = 0
+        for buf in self.buffers.values():
+            if isinstance(buf, QueueBuffer):
+                n += buf.requeue([cid for cid in ids if cid in buf.in_flight])
+        for cid in ids:
+            del self.holders[cid]
+        return n
 
     def check_feedback(self, updates: list[PriorityUpdate], consumed: list[Consumed]) -> None:
         """Validate names before anything changes, so a bad learn-info changes nothing."""
@@ -252,7 +317,10 @@ class Replay:
         for buf in self.buffers.values():
             for chunk_id in buf.chunk_ids():
                 self.registry.hold(chunk_id, 1)
-        return state["counters"]
+        self.holders = {}  # restored queues hold their in-flight chunks queued again
+        counters = state["counters"]
+        self.released_by = Counter(counters.get("ledger", {}))
+        return counters
 
     def stats(self) -> dict[str, dict[str, float | str]]:
         out: dict[str, dict[str, float | str]] = {}

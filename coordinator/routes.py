@@ -15,6 +15,7 @@ from coordinator.service import Coordinator, RateLimited, WrongWorker
 from coordinator.tasks import UnknownTask
 from shared.schemas import (
     API,
+    BufferChunks,
     BufferInfo,
     BufferList,
     ChunkReport,
@@ -43,6 +44,7 @@ from shared.schemas import (
     WorkerInfo,
     WorkerList,
 )
+from shared.storage import StorageError
 from shared.webapp import error, parse_body
 
 bp = Blueprint("coordinator", __name__)
@@ -72,6 +74,15 @@ def _unknown_task(err: UnknownTask):
 @bp.errorhandler(WrongWorker)
 def _wrong_worker(err: WrongWorker):
     return error(409, str(err), "task_id")
+
+
+@bp.errorhandler(StorageError)
+def _storage_down(err: StorageError):
+    """Storage is out (a Redis restart): nothing was changed or acknowledged; the client's
+    retry with backoff is the right response."""
+    resp, status = error(503, f"storage unavailable: {err}", None)
+    resp.headers["Retry-After"] = "1"
+    return resp, status
 
 
 @bp.errorhandler(UnknownBuffer)
@@ -166,7 +177,7 @@ def fail_task(task_id: str):
 
 
 @bp.post(f"{API}/chunks")
-@document(ChunkReportResponse, body=ChunkReport, errors=[404, 409])
+@document(ChunkReportResponse, body=ChunkReport, errors=[404, 409, 503])
 def report_chunks():
     return _json(coord().report_chunks(parse_body(ChunkReport)))
 
@@ -207,6 +218,12 @@ def get_buffer(name: str):
     if name not in buffers:
         raise UnknownBuffer(name, "name")
     return jsonify({"name": name, **buffers[name]})
+
+
+@bp.get(f"{API}/buffers/<name>/chunks")
+@document(BufferChunks, errors=[404], path_params={"name": "the buffer's name in the config"})
+def buffer_chunks(name: str):
+    return _json(BufferChunks(name=name, chunk_ids=coord().buffer_chunks(name)))
 
 
 @bp.post(f"{API}/learn-info")

@@ -4,18 +4,28 @@ Routes (`coordinator/routes.py`) are thin: they validate a body and call one met
 Background work runs in three threads this object owns and stops in `close()`:
 - the *scheduler* reaps silent workers, starts evaluations when due and checks stop rules;
 - the *commander* pushes tasks to workers (`POST <worker>/task`), retrying with backoff;
-- the *janitor* deletes evicted chunks from storage in batches, off the request path.
+- the *janitor* deletes evicted chunks from storage in batches, off the request path, and
+  garbage-collects chunks that were written but never announced.
 Each blocks on a queue or an event with a timeout; none spins.
+
+Crash safety (issue 7): a chunk report is appended to the write-ahead journal in storage
+before it is acknowledged; a snapshot of generation G holds everything journalled before
+it, so a restarted coordinator loads the newest snapshot and replays journals G, G+1, ...
+Chunks released by buffers are deleted only after a later snapshot is written, so neither a
+snapshot nor a journal ever refers to a deleted chunk. Tasks of dead workers wait,
+unassigned, for the next worker of their role; queue chunks a dead learner held go back
+to the queue.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +38,7 @@ from shared.auth import load_token
 from shared.config import RunConfig
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
+    ChunkMeta,
     ChunkReport,
     ChunkReportResponse,
     CollectPermitRequest,
@@ -52,7 +63,7 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import evaluated_blob, open_storage
+from shared.storage import StorageError, evaluated_blob, open_storage
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -70,6 +81,8 @@ def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
                        length_mean=float(np.mean(lengths)))
 
 EVAL_TIMEOUT_S = 120.0
+_GC = "gc"  # the janitor's cue to look for chunks nobody announced
+_FOREVER = 1 << 62
 
 
 class WrongWorker(ValueError):
@@ -127,7 +140,7 @@ class Coordinator:
         self._closing = threading.Event()
         self._wake = threading.Event()
         self._push_q: queue.Queue[TaskRecord | None] = queue.Queue()
-        self._delete_q: queue.Queue[list[str] | None] = queue.Queue()
+        self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
         self._threads = [
             threading.Thread(target=self._scheduler_loop, name="scheduler", daemon=True),
             threading.Thread(target=self._commander_loop, name="commander", daemon=True),
@@ -139,7 +152,17 @@ class Coordinator:
         self._pending_lock = threading.Lock()
         self._pending_delete: list[str] = []  # released, deleted after the next snapshot
         self.snapshots_saved = 0
+        # Orders journal appends against each other and against a snapshot's copy, so a
+        # snapshot never misses a chunk that went into an older journal.
+        self._journal_lock = threading.Lock()
+        self._last_gc = clock()
+        self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
+        self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
+        self.orphans_deleted = 0
+        self.restored_from: dict | None = None
         resumed = self.restore() if resume else False
+        if not resumed:
+            self.storage.delete_journals(_FOREVER)  # a fresh run: nothing to replay
         self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -184,11 +207,13 @@ class Coordinator:
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
         worker, is_new = self.members.register(req.role, req.url, req.worker_id)
-        if not is_new:
-            for rec in self.tasks.active_for(worker.worker_id):
-                self.tasks.end(rec.task_id, TaskState.FAILED, "worker registered again")
         log.info("%s %s at %s", "registered" if is_new else "re-registered",
                  worker.worker_id, worker.url)
+        if not is_new:  # a restart under the same id: its old process's work is lost
+            self._requeue_held(worker.worker_id, "registered again")
+            for rec in self.tasks.active_for(worker.worker_id):
+                if rec.kind is TaskKind.EVALUATE:  # the new process never got it
+                    self._push_q.put(rec)
         if not self.stopped:
             self._assign_main_task(worker)
         return RegisterResponse(
@@ -204,10 +229,60 @@ class Coordinator:
 
     def leave(self, worker_id: str) -> Worker:
         worker = self.members.leave(worker_id)
+        self._requeue_held(worker_id, "left")
         for rec in self.tasks.active_for(worker_id):
             self.tasks.end(rec.task_id, TaskState.FINISHED)
         log.info("worker %s left", worker_id)
         return worker
+
+    def _requeue_held(self, worker_id: str, why: str) -> None:
+        with self._cond:
+            n = self.replay.requeue_held_by(worker_id)
+            if n:
+                self._cond.notify_all()
+        if n:
+            log.warning("%s %s: %d queued chunks it held go back to the queue", worker_id,
+                        why, n)
+
+    def _worker_gone(self, worker: Worker, why: str) -> None:
+        """A worker died: its learner chunks go back to the queue, its main task waits for
+        the next worker of its role, its evaluation goes to another collector."""
+        self._requeue_held(worker.worker_id, why)
+        for rec in self.tasks.active_for(worker.worker_id):
+            if rec.kind is TaskKind.EVALUATE:
+                self._reassign_evaluation(rec, why)
+            else:
+                self.tasks.unassign(rec.task_id, why)
+                log.warning("task %s of %s is unassigned: %s", rec.task_id, worker.worker_id,
+                            why)
+        self._offer_unassigned()
+
+    def _offer_unassigned(self) -> None:
+        """Hand unassigned main tasks to live workers of their role that have none."""
+        if self.stopped:
+            return
+        for worker in self.members.alive():
+            kind = TaskKind.COLLECT if worker.role is Role.COLLECTOR else TaskKind.LEARN
+            if any(r.kind is kind for r in self.tasks.active_for(worker.worker_id)):
+                continue
+            rec = self.tasks.claim(worker.worker_id, kind)
+            if rec is not None:
+                log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
+                self._push_q.put(rec)
+
+    def _reassign_evaluation(self, rec: TaskRecord, why: str) -> None:
+        busy = sorted(r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
+                      if r.state is TaskState.RUNNING and r.worker_id != rec.worker_id)
+        alive = {w.worker_id for w in self.members.alive(Role.COLLECTOR)}
+        targets = [w for w in busy if w in alive]
+        if not targets:
+            self.tasks.end(rec.task_id, TaskState.FAILED, why)
+            return
+        old, rec.worker_id = rec.worker_id, targets[0]
+        rec.state, rec.reassignments = TaskState.PENDING, rec.reassignments + 1
+        log.warning("evaluation %s moves from %s to %s: %s", rec.task_id, old, rec.worker_id,
+                    why)
+        self._push_q.put(rec)
 
     def _version_or_none(self) -> int | None:
         return self.policy_version if self.policy_version >= 0 else None
@@ -215,6 +290,13 @@ class Coordinator:
     # -- tasks ------------------------------------------------------------------------------
 
     def _assign_main_task(self, worker: Worker) -> TaskRecord:
+        """The worker's own task if it had one (it restarted, or this coordinator did), an
+        unassigned one of its role, or a new one."""
+        kind = TaskKind.COLLECT if worker.role is Role.COLLECTOR else TaskKind.LEARN
+        rec = self.tasks.claim(worker.worker_id, kind)
+        if rec is not None:
+            self._push_q.put(rec)
+            return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
             c = self.cfg.collector
@@ -270,24 +352,25 @@ class Coordinator:
     # -- experience -------------------------------------------------------------------------
 
     def report_chunks(self, req: ChunkReport) -> ChunkReportResponse:
+        """Journal, then index, then acknowledge: once the answer leaves, a coordinator
+        crash cannot lose the chunks (a `StorageError` from the journal answers 503 and
+        changes nothing; the collector keeps the report and sends it again)."""
         self.members.touch(req.worker_id)
         self._check_task(req.task_id, req.worker_id, TaskKind.COLLECT)
-        with self._cond:
-            fresh, dead = self.replay.insert(req.chunks, self.train_iterations)
-            for c in fresh:
-                self.env_steps += c.length
-                self.episodes += len(c.episode_returns)
-                self.recent_returns.extend(c.episode_returns)
-                self.recent_lengths.extend(c.episode_lengths)
-            self.chunks_accepted += len(fresh)
-            self.members.count_chunks(req.worker_id, len(fresh))
-            if fresh and self.first_chunk_at is None:
-                self.first_chunk_at = self.clock()
-            # A paused run throttles collectors the same way a lagging learner does: they
-            # finish the chunk at hand, report it, and wait for a permit.
-            throttle = self.paused or self.replay.inserts_blocked()
-            self._cond.notify_all()
-            env_steps = self.env_steps
+        with self._journal_lock:
+            with self._cond:
+                fresh = self._unseen(req.chunks)
+                generation = self.replay.generation
+            if fresh:
+                self.storage.append_journal(generation,
+                                            [self._journal_record(req.worker_id, fresh)])
+            with self._cond:
+                fresh, dead = self._accept(fresh, req.worker_id)
+                # A paused run throttles collectors the same way a lagging learner does:
+                # they finish the chunk at hand, report it, and wait for a permit.
+                throttle = self.paused or self.replay.inserts_blocked()
+                self._cond.notify_all()
+                env_steps = self.env_steps
         if dead:
             self._release(dead)
         if fresh:
@@ -296,6 +379,36 @@ class Coordinator:
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
                                    throttle_s=0.05 if throttle else 0.0, stop=self.stopped)
+
+    def _unseen(self, metas: list) -> list:
+        """New chunks of a report (under `_cond`): not held, not released lately, and not
+        deleted as orphans (their bytes are gone: never acknowledge them)."""
+        fresh = self.replay.unseen(metas)
+        late = [m.chunk_id for m in fresh if m.chunk_id in self._gc_deleted]
+        if late:
+            log.warning("refusing %d chunks reported after they were deleted as never "
+                        "announced: %s", len(late), late[:3])
+            fresh = [m for m in fresh if m.chunk_id not in self._gc_deleted]
+        return fresh
+
+    @staticmethod
+    def _journal_record(worker_id: str, metas: list) -> bytes:
+        return json.dumps({"worker_id": worker_id,
+                           "chunks": [m.model_dump(mode="json") for m in metas]}).encode()
+
+    def _accept(self, metas: list, worker_id: str) -> tuple[list, list[str]]:
+        """Index journalled chunks and count them (under `_cond`); (fresh, dead ids)."""
+        fresh, dead = self.replay.insert(metas, self.train_iterations)
+        for c in fresh:
+            self.env_steps += c.length
+            self.episodes += len(c.episode_returns)
+            self.recent_returns.extend(c.episode_returns)
+            self.recent_lengths.extend(c.episode_lengths)
+        self.chunks_accepted += len(fresh)
+        self.members.count_chunks(worker_id, len(fresh))
+        if fresh and self.first_chunk_at is None:
+            self.first_chunk_at = self.clock()
+        return fresh, dead
 
     def collect_permit(self, req: CollectPermitRequest) -> CollectPermitResponse:
         self.members.touch(req.worker_id)
@@ -327,7 +440,7 @@ class Coordinator:
             if grant <= 0:
                 return [], [], 0, self.env_steps
             chunk_ids, parts, dead = self.replay.sample(plan, grant, self.train_iterations,
-                                                        self.policy_version)
+                                                        self.policy_version, req.worker_id)
             self.granted_batches += grant
             self._cond.notify_all()  # collectors waiting for the learner may go on
             env_steps = self.env_steps
@@ -479,8 +592,9 @@ class Coordinator:
         for worker in self.members.reap():
             log.warning("worker %s missed heartbeats for %.1fs: marked dead", worker.worker_id,
                         self.members.timeout_s)
-            for rec in self.tasks.active_for(worker.worker_id):
-                self.tasks.end(rec.task_id, TaskState.FAILED, "worker died")
+            self._worker_gone(worker, "worker died")
+        if self.tasks.active():
+            self._offer_unassigned()
         for rec in self.tasks.active(TaskKind.EVALUATE):
             if now - rec.created_at > EVAL_TIMEOUT_S:
                 self.tasks.end(rec.task_id, TaskState.FAILED, "evaluation timed out")
@@ -494,7 +608,14 @@ class Coordinator:
         self.runlog.on_tick(self.env_steps, self._info_scalars())
         every = self.cfg.coordinator.snapshot_interval_s
         if every is not None and now - self._last_snapshot >= every:
-            self.save_snapshot()
+            try:
+                self.save_snapshot()
+            except StorageError as err:  # an outage: the next tick tries again
+                log.warning("snapshot not saved: %s", err)
+                self._last_snapshot = now
+        if now - self._last_gc >= self.cfg.coordinator.gc_interval_s:
+            self._last_gc = now
+            self._delete_q.put(_GC)
 
     def _info_scalars(self) -> dict[str, float]:
         """The `info` scope: buffers, counters and the cluster, flat."""
@@ -526,7 +647,12 @@ class Coordinator:
                 "best_policy_version": self.best_policy_version,
                 "evaluations": [e.model_dump() for e in self.evaluations],
                 "best_evaluation": (self.best_evaluation.model_dump()
-                                    if self.best_evaluation else None)}
+                                    if self.best_evaluation else None),
+                "ledger": dict(self.replay.released_by),
+                "wall_seconds": self.clock() - self.started_at,
+                "first_chunk_s": (self.first_chunk_at - self.started_at
+                                  if self.first_chunk_at is not None else None),
+                "tasks": self.tasks.snapshot()}
 
     def _release(self, dead: list[str]) -> None:
         """Chunks no buffer refers to any more. With snapshots on, they are deleted only once
@@ -545,9 +671,9 @@ class Coordinator:
         describe one moment, encoded and written outside it so requests are not held up.
         Chunks released before the copy are deleted once it is written."""
         with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
-            with self._cond:
+            with self._journal_lock, self._cond:
                 state, counters = self.replay.snapshot(), self._counters()
-                self.replay.generation += 1
+                self.replay.generation += 1  # later reports go to the next journal
                 generation = self.replay.generation
                 with self._pending_lock:
                     ready, self._pending_delete = self._pending_delete, []
@@ -559,6 +685,10 @@ class Coordinator:
                 raise
             self._last_snapshot = self.clock()
             self.snapshots_saved += 1
+            try:  # the snapshot holds everything the older journals did
+                self.storage.delete_journals(generation)
+            except StorageError as err:
+                log.warning("old journals not deleted (the next snapshot will): %s", err)
         if ready:
             if final:  # the janitor has stopped
                 self.storage.delete_chunks(ready)
@@ -566,25 +696,56 @@ class Coordinator:
                 self._delete_q.put(ready)
 
     def restore(self) -> bool:
-        """Continue from the snapshot in storage; False (and a fresh run) if there is none."""
+        """Continue from storage: the newest snapshot, then every journal from its
+        generation on, in order. False (and a fresh run) if there is neither."""
         with self._cond:
             counters = self.replay.load(self.storage)
-            if counters is None:
+            generations = self.storage.journal_generations()
+            if counters is None and not generations:
                 log.info("no snapshot in %s: starting a fresh run", self.storage_url)
                 return False
-            for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
-                        "train_iterations", "policy_version", "next_eval_at"):
-                setattr(self, key, int(counters[key]))
-            self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
-            self.best_policy_version = counters.get("best_policy_version")
-            self.evaluations.extend(EvaluationResult.model_validate(e)
-                                    for e in counters.get("evaluations", []))
-            if counters.get("best_evaluation"):
-                self.best_evaluation = EvaluationResult.model_validate(
-                    counters["best_evaluation"])
-        log.info("restored run at %d env steps, %d items in buffers", self.env_steps,
+            if counters is not None:
+                self._restore_counters(counters)
+            start = self.replay.generation
+            replayed = 0
+            for generation in generations:
+                if generation < start:
+                    continue  # already in the snapshot (its deletion was cut short)
+                for raw in self.storage.read_journal(generation):
+                    record = json.loads(raw)
+                    metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
+                    fresh, dead = self._accept(self.replay.unseen(metas), record["worker_id"])
+                    replayed += len(fresh)
+                    self._release(dead)
+            self.replay.generation = max([start, *generations])
+        self.restored_from = {"generation": start, "journalled_chunks": replayed,
+                              "env_steps": self.env_steps}
+        log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "
+                 "journal), %d items in buffers", self.env_steps, start, replayed,
                  self.replay.size())
         return True
+
+    def _restore_counters(self, counters: dict) -> None:
+        for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
+                    "train_iterations", "policy_version", "next_eval_at"):
+            setattr(self, key, int(counters[key]))
+        self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
+        self.best_policy_version = counters.get("best_policy_version")
+        self.evaluations.extend(EvaluationResult.model_validate(e)
+                                for e in counters.get("evaluations", []))
+        if counters.get("best_evaluation"):
+            self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
+        now = self.clock()
+        self.started_at = now - float(counters.get("wall_seconds", 0.0))
+        if counters.get("first_chunk_s") is not None:
+            self.first_chunk_at = self.started_at + float(counters["first_chunk_s"])
+        restored = self.tasks.restore(counters.get("tasks", {}))
+        for rec in restored:
+            if rec.kind is TaskKind.EVALUATE:  # its report would find no one: run it again
+                self.tasks.end(rec.task_id, TaskState.FAILED, "coordinator restarted")
+                self.next_eval_at = min(self.next_eval_at, self.env_steps)
+                self.next_eval_iteration = min(self.next_eval_iteration,
+                                               self.train_iterations)
 
     def _commander_loop(self) -> None:
         while True:
@@ -596,9 +757,11 @@ class Coordinator:
 
     def _janitor_loop(self) -> None:
         while True:
-            ids = self._delete_q.get()
-            if ids is None:
+            item = self._delete_q.get()
+            if item is None:
                 return
+            gc = item == _GC
+            ids: list[str] = [] if gc else list(item)
             while True:  # batch whatever else is already waiting
                 try:
                     more = self._delete_q.get_nowait()
@@ -607,13 +770,59 @@ class Coordinator:
                 if more is None:
                     self._delete_q.put(None)
                     break
-                ids.extend(more)
+                if more == _GC:
+                    gc = True
+                else:
+                    ids.extend(more)
             try:
-                self.storage.delete_chunks(ids)
-            except Exception:  # storage hiccup: the ids stay orphaned, logged for the operator
-                log.exception("could not delete %d evicted chunks", len(ids))
+                if ids:
+                    self.storage.delete_chunks(ids)
+                if gc:
+                    self.collect_garbage()
+            except StorageError as err:  # an outage: what is left is found by a later GC
+                log.warning("storage clean-up failed (%d ids): %s", len(ids), err)
+            except Exception:  # the janitor must survive a bug; logged for the operator
+                log.exception("storage clean-up failed")
+
+    def collect_garbage(self) -> list[str]:
+        """Delete chunks in storage that no buffer holds, that are not waiting for a
+        snapshot before deletion, and that nobody announced for `orphan_grace_s`: written
+        by a collector that died before announcing them, or released by a coordinator that
+        died before deleting them. Returns the ids deleted."""
+        stored = self.storage.list_chunks()
+        now = self.clock()
+        with self._cond, self._pending_lock:
+            pending = set(self._pending_delete)
+            orphans = {c for c in stored if c not in self.replay.registry and c not in pending}
+        for chunk_id in [c for c in self._unannounced if c not in orphans]:
+            del self._unannounced[chunk_id]
+        for chunk_id in orphans:
+            self._unannounced.setdefault(chunk_id, now)
+        grace = self.cfg.coordinator.orphan_grace_s
+        expired = [c for c, seen in self._unannounced.items() if now - seen >= grace]
+        if not expired:
+            return []
+        with self._cond:  # reported since the listing? then it is not an orphan
+            expired = [c for c in expired if c not in self.replay.registry]
+            for chunk_id in expired:  # a report arriving after this is refused
+                self._gc_deleted[chunk_id] = None
+            while len(self._gc_deleted) > 100_000:
+                self._gc_deleted.popitem(last=False)
+        self.storage.delete_chunks(expired)
+        for chunk_id in expired:
+            self._unannounced.pop(chunk_id, None)
+        self.orphans_deleted += len(expired)
+        log.warning("deleted %d chunks nobody announced within %.0fs", len(expired), grace)
+        return expired
 
     # -- reading state ----------------------------------------------------------------------
+
+    def buffer_chunks(self, name: str) -> list[str]:
+        with self._cond:
+            buf = self.replay.buffers.get(name)
+            if buf is None:
+                raise UnknownBuffer(name, "name")
+            return buf.chunk_occurrences()
 
     def rates(self) -> tuple[float, float]:
         """env steps/s and train iterations/s over the last few seconds."""
@@ -648,6 +857,10 @@ class Coordinator:
         returns = list(self.recent_returns)
         with self._cond:
             buffers = self.replay.stats()
+            ledger = self.replay.ledger(self.chunks_accepted)
+        ledger.update(orphans_deleted=self.orphans_deleted,
+                      unannounced=len(self._unannounced),
+                      journal_generation=self.replay.generation)
         return {
             "run": {"name": self.cfg.name,
                     "state": ("stopped" if self.stopped else "paused" if self.paused
@@ -677,6 +890,7 @@ class Coordinator:
             "tasks": [r.to_json() for r in self.tasks.all() if r.active],
             "latest_evaluation": latest,
             "best_evaluation": best,
+            "ledger": ledger,
         }
 
 

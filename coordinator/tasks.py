@@ -1,4 +1,10 @@
-"""Task bookkeeping: what each worker was asked to do and how it went."""
+"""Task bookkeeping: what each worker was asked to do and how it went.
+
+A worker's main task (collect or learn) outlives the worker: when the worker dies, the task
+becomes *unassigned* and goes to the next worker of that role that needs one (the same
+worker restarted under its old id gets its own task back). Tasks are saved in the
+coordinator's snapshot, so a restarted coordinator hands the same tasks out again.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shared.schemas import CollectTask, EvaluateTask, LearnTask, TaskKind, TaskState
+from pydantic import TypeAdapter
+
+from shared.schemas import CollectTask, EvaluateTask, LearnTask, Task, TaskKind, TaskState
 
 AnyTask = CollectTask | LearnTask | EvaluateTask
+_TASK = TypeAdapter(Task)
+_LIVE = (TaskState.PENDING, TaskState.RUNNING, TaskState.UNASSIGNED)
 
 
 class UnknownTask(KeyError):
@@ -30,6 +40,7 @@ class TaskRecord:
     error: str | None = None
     ended_at: float | None = None
     push_attempts: int = 0
+    reassignments: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -42,11 +53,13 @@ class TaskRecord:
 
     @property
     def active(self) -> bool:
-        return self.state in (TaskState.PENDING, TaskState.RUNNING)
+        """Work still to be done: pushed, running, or waiting for a worker."""
+        return self.state in _LIVE
 
     def to_json(self) -> dict:
         return {"task_id": self.task_id, "kind": self.kind.value, "worker_id": self.worker_id,
                 "state": self.state.value, "error": self.error,
+                "reassignments": self.reassignments,
                 "task": self.task.model_dump(mode="json")}
 
 
@@ -57,7 +70,8 @@ class TaskTable:
         self._lock = threading.Lock()
 
     def new_id(self, kind: TaskKind) -> str:
-        return f"{kind.value}-{next(self._ids)}"
+        with self._lock:
+            return f"{kind.value}-{next(self._ids)}"
 
     def add(self, task: AnyTask, worker_id: str) -> TaskRecord:
         rec = TaskRecord(task, worker_id, created_at=time.monotonic())
@@ -80,8 +94,70 @@ class TaskTable:
         return rec
 
     def active_for(self, worker_id: str) -> list[TaskRecord]:
+        """Tasks pushed to or running on this worker (not those waiting for a worker)."""
         with self._lock:
-            return [r for r in self._tasks.values() if r.worker_id == worker_id and r.active]
+            return [r for r in self._tasks.values() if r.worker_id == worker_id and r.active
+                    and r.state is not TaskState.UNASSIGNED]
+
+    def unassign(self, task_id: str, reason: str) -> TaskRecord:
+        """Its worker is gone: the task waits for another (`claim`)."""
+        rec = self.get(task_id)
+        with self._lock:
+            if rec.active:
+                rec.state, rec.error = TaskState.UNASSIGNED, reason
+        return rec
+
+    def claim(self, worker_id: str, kind: TaskKind) -> TaskRecord | None:
+        """A task of `kind` for this worker: its own live one (it restarted, or the
+        coordinator did), else the oldest unassigned one, else None (make a new one). A
+        collect task handed out again gets a new seed, so a new process does not replay
+        the old one's episodes."""
+        with self._lock:
+            mine = [r for r in self._tasks.values() if r.kind is kind
+                    and r.worker_id == worker_id and r.state in _LIVE]
+            if mine:
+                rec = mine[0]
+                rec.reassignments += 1
+            else:
+                free = [r for r in self._tasks.values() if r.kind is kind
+                        and r.state is TaskState.UNASSIGNED]
+                if not free:
+                    return None
+                rec = min(free, key=lambda r: r.created_at)
+                rec.worker_id = worker_id
+                rec.reassignments += 1
+            if isinstance(rec.task, CollectTask):
+                rec.task = rec.task.model_copy(update={"seed": rec.task.seed + 1_000_003})
+            rec.state, rec.error = TaskState.PENDING, None
+            return rec
+
+    def snapshot(self) -> dict:
+        """Live tasks and the id counter, as JSON for the coordinator's snapshot."""
+        with self._lock:
+            live = [{"task": r.task.model_dump(mode="json"), "worker_id": r.worker_id,
+                     "reassignments": r.reassignments}
+                    for r in self._tasks.values() if r.active]
+            return {"next_id": self._next_id(), "tasks": live}
+
+    def restore(self, saved: dict) -> list[TaskRecord]:
+        """Tasks from a snapshot, all unassigned until their workers register again."""
+        records = []
+        with self._lock:
+            self._ids = itertools.count(int(saved.get("next_id", 1)))
+            for item in saved.get("tasks", []):
+                rec = TaskRecord(_TASK.validate_python(item["task"]), item["worker_id"],
+                                 created_at=time.monotonic(), state=TaskState.UNASSIGNED,
+                                 error="coordinator restarted",
+                                 reassignments=int(item.get("reassignments", 0)))
+                self._tasks[rec.task_id] = rec
+                records.append(rec)
+        return records
+
+    def _next_id(self) -> int:
+        """The number the next new id would get (without using it up)."""
+        n = next(self._ids)
+        self._ids = itertools.count(n)
+        return n
 
     def active(self, kind: TaskKind | None = None) -> list[TaskRecord]:
         with self._lock:

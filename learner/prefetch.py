@@ -20,7 +20,7 @@ from learner.batching import Batch, assemble_from
 from shared.codec import decode_arrays
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, MixShare, SampleRequest, SampleResponse
-from shared.storage import ChunkNotFound, Storage
+from shared.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -88,6 +88,11 @@ class Prefetcher:
                 # Evicted and deleted between sampling and reading: skip these batches.
                 self.dropped_responses += 1
                 log.info("dropping a sample response: %s", err)
+                continue
+            except StorageError as err:  # an outage: sample afresh once it is over
+                self.dropped_responses += 1
+                log.warning("dropping a sample response, storage unavailable: %s", err)
+                self._closing.wait(0.5)
                 continue
             batches = assemble_from(self.arena.columns, offsets, resp.parts, resp.num_batches,
                                     by_key=self.by_buffer is not None)

@@ -18,7 +18,7 @@ import torch
 from shared.codec import decode_arrays
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
-from shared.storage import ChunkNotFound, Storage
+from shared.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -58,6 +58,7 @@ class RolloutFeeder:
     consumed: list[str] = field(default_factory=list)  # used or dropped, not yet reported
     _pending: list[tuple[str, dict[str, np.ndarray], int]] = field(default_factory=list)
     _rows: int = 0
+    _unread: list[str] = field(default_factory=list)  # handed out, storage was out: read later
 
     def take_consumed(self) -> list[Consumed]:
         out = [Consumed(buffer=self.buffer, chunk_ids=self.consumed)] if self.consumed else []
@@ -71,30 +72,32 @@ class RolloutFeeder:
 
     def _fetch(self, learner_version: int) -> None:
         """One sample request: whole chunks, oldest first (waits up to 1 s for some)."""
-        req = SampleRequest(worker_id=self.worker_id, batch_size=1,
-                            num_batches=self.chunks_per_request, wait_s=1.0,
-                            mix=[MixShare(buffer=self.buffer, fraction=1.0)])
-        try:
-            resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
-                                    retries=0)
-        except HttpError as err:
-            if err.status != 429:
-                log.warning("sample request failed: %s", err)
+        if self._unread:  # chunks handed out during a storage outage come first
+            chunk_ids, self._unread = self._unread, []
+        else:
+            req = SampleRequest(worker_id=self.worker_id, batch_size=1,
+                                num_batches=self.chunks_per_request, wait_s=1.0,
+                                mix=[MixShare(buffer=self.buffer, fraction=1.0)])
+            try:
+                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
+                                        retries=0)
+            except HttpError as err:
+                if err.status != 429:
+                    log.warning("sample request failed: %s", err)
+                return
+            self.stop_run = self.stop_run or resp.stop
+            # A restarted coordinator hands out again what was in flight: never twice here.
+            held = {cid for cid, _, _ in self._pending}
+            chunk_ids = [cid for cid in resp.chunk_ids if cid not in held]
+        if not chunk_ids:
             return
-        self.stop_run = self.stop_run or resp.stop
-        if not resp.chunk_ids:
-            return
         try:
-            blobs = self.storage.get_chunks(resp.chunk_ids)
-        except ChunkNotFound as err:  # cannot happen to a chunk in flight; do not wedge on it
-            log.warning("a handed-out chunk is missing (%s); reading one by one", err)
-            blobs = []
-            for cid in resp.chunk_ids:
-                try:
-                    blobs.append(self.storage.get_chunk(cid))
-                except ChunkNotFound:
-                    blobs.append(b"")
-        for cid, blob in zip(resp.chunk_ids, blobs, strict=True):
+            blobs = self._read(chunk_ids)
+        except StorageError as err:
+            log.warning("could not read %d handed-out chunks (kept): %s", len(chunk_ids), err)
+            self._unread = chunk_ids
+            return
+        for cid, blob in zip(chunk_ids, blobs, strict=True):
             if not blob:
                 self.consumed.append(cid)
                 continue
@@ -108,6 +111,21 @@ class RolloutFeeder:
                 continue
             self._pending.append((cid, arrays, version))
             self._rows += rows
+
+    def _read(self, chunk_ids: list[str]) -> list[bytes]:
+        """The chunks' bytes; b"" for one that is missing (cannot happen to a chunk in
+        flight, but must not wedge the learner)."""
+        try:
+            return self.storage.get_chunks(chunk_ids)
+        except ChunkNotFound as err:
+            log.warning("a handed-out chunk is missing (%s); reading one by one", err)
+        blobs = []
+        for cid in chunk_ids:
+            try:
+                blobs.append(self.storage.get_chunk(cid))
+            except ChunkNotFound:
+                blobs.append(b"")
+        return blobs
 
     def next(self, learner_version: int, attempts: int = 1) -> RolloutBatch | None:
         """A full rollout (at least `rollout_size` rows of whole chunks) or None if it is not

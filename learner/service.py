@@ -30,7 +30,7 @@ from shared.schemas import (
     TaskAccepted,
     TaskEnvelope,
 )
-from shared.storage import Storage, open_storage
+from shared.storage import Storage, StorageError, open_storage
 from shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
@@ -88,12 +88,25 @@ class LearnerService(WorkerService):
             self.fail()
 
     def _publish(self, storage: Storage, policy: Policy) -> None:
+        """Publish the next version; while storage is out (a Redis restart) training waits
+        here, retrying with backoff, because versions must reach collectors in order."""
         t0 = time.perf_counter()
         version = self.policy_version + 1
         blob = encode_weights(policy.policy_state(),
                               {"policy_version": str(version),
                                "train_iterations": str(policy.train_iterations)})
-        storage.put_weights(version, blob)
+        delay = 0.1
+        while True:
+            try:
+                storage.put_weights(version, blob)
+                break
+            except StorageError as err:
+                if self._closing.is_set():
+                    raise
+                log.warning("could not publish policy version %d (retrying in %.1fs): %s",
+                            version, delay, err)
+                self._closing.wait(delay)
+                delay = min(2 * delay, 5.0)
         self.policy_version = version  # only once it is in storage
         self.publish_s += time.perf_counter() - t0
 
@@ -138,8 +151,13 @@ class LearnerService(WorkerService):
         if policy.train_iterations == self.last_checkpoint and self.last_checkpoint > 0:
             return  # nothing new since the last one
         t0 = time.perf_counter()
-        self.checkpoints.save(policy.state_dict(), policy.train_iterations,
-                              self.policy_version)
+        try:
+            self.checkpoints.save(policy.state_dict(), policy.train_iterations,
+                                  self.policy_version)
+        except StorageError as err:  # an outage: the next interval tries again
+            log.warning("checkpoint at train iteration %d not saved: %s",
+                        policy.train_iterations, err)
+            return
         self.last_checkpoint = policy.train_iterations
         self.checkpoint_s += time.perf_counter() - t0
 

@@ -100,6 +100,9 @@ class CollectorConfig(_Frozen):
                                            "looks for a newer policy version")
     insert_into: tuple[str, ...] | None = Field(None, description="buffers that receive "
                                                 "collected chunks; null: all of them")
+    max_held_chunks: int = Field(64, ge=1, le=100_000, description="chunks a collector keeps "
+                                 "in memory while storage cannot take them (an outage); "
+                                 "collection waits while this many are held")
 
 
 class RateLimitConfig(_Frozen):
@@ -233,6 +236,11 @@ class CoordinatorConfig(_Frozen):
     task_push_timeout_s: float = Field(5.0, gt=0)
     snapshot_interval_s: float | None = Field(30.0, gt=0, description="how often buffers' "
                                               "indexes and counters are saved to storage")
+    gc_interval_s: float = Field(10.0, gt=0, description="how often storage is scanned for "
+                                 "chunks no buffer holds")
+    orphan_grace_s: float = Field(60.0, gt=0, description="a chunk in storage that no buffer "
+                                  "holds and nobody announced for this long is deleted (its "
+                                  "collector died between writing and announcing it)")
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> CoordinatorConfig:

@@ -61,6 +61,7 @@ class TaskKind(StrEnum):
 class TaskState(StrEnum):
     PENDING = "pending"      # created, not yet accepted by its worker
     RUNNING = "running"
+    UNASSIGNED = "unassigned"  # its worker died: waiting for another worker of its role
     FINISHED = "finished"
     FAILED = "failed"
 
@@ -420,6 +421,8 @@ class TaskInfo(Response):
     worker_id: str
     state: TaskState
     error: str | None
+    reassignments: int = Field(0, description="times the task was handed out again: to "
+                               "its worker restarted, or to another after its worker died")
     task: Task
 
 
@@ -445,6 +448,14 @@ class BufferInfo(BufferStats):
     """`GET /buffers/<name>`: the buffer's statistics and its name."""
 
     name: str
+
+
+class BufferChunks(Response):
+    """`GET /buffers/<name>/chunks`: the chunk ids a buffer indexes, once per index entry
+    (so a chunk indexed twice would show twice; none ever is)."""
+
+    name: str
+    chunk_ids: list[str]
 
 
 class EvaluationList(Response):
@@ -489,6 +500,26 @@ class CollectStats(Response):
     episode_length_mean: float | None
 
 
+class Ledger(Response):
+    """Where every acknowledged chunk is: `acknowledged == in_buffers + evicted + consumed +
+    sum(dropped)`, checked under the coordinator's lock (`balanced`)."""
+
+    acknowledged: int = Field(description="chunks whose report the coordinator acknowledged")
+    in_buffers: int = Field(description="chunks some buffer still holds (queued, in flight "
+                            "or sampleable)")
+    evicted: int = Field(description="pushed out of every buffer by newer data")
+    consumed: int = Field(description="used up by a learner (queue buffers)")
+    dropped: dict[str, int] = Field(description="let go of unused, by reason")
+    balanced: bool
+    duplicate_chunks: dict[str, int] = Field(description="per buffer, chunk ids indexed more "
+                                             "than once (always 0)")
+    orphans_deleted: int = Field(description="chunks written but never announced (their "
+                                 "collector died), deleted from storage; never acknowledged")
+    unannounced: int = Field(description="chunks in storage nobody announced yet, watched "
+                             "for `coordinator.orphan_grace_s`")
+    journal_generation: int = Field(description="the write-ahead journal being appended to")
+
+
 class Status(Response):
     """`GET /status`: the whole run at one glance (`rlfleet status` prints it)."""
 
@@ -506,3 +537,4 @@ class Status(Response):
     tasks: list[TaskInfo] = Field(description="active tasks only")
     latest_evaluation: EvaluationResult | None
     best_evaluation: EvaluationResult | None
+    ledger: Ledger

@@ -111,6 +111,8 @@ class WorkerAgent:
                     self._heartbeat()
             except HttpError as err:
                 log.warning("%s could not reach the coordinator: %s", self.role.value, err)
+            except Exception:  # the agent outlives anything: a silent worker is reaped
+                log.exception("%s agent: unexpected error", self.role.value)
             self._closing.wait(interval)
 
     def end_task(self, task_id: str, error: str | None = None) -> None:

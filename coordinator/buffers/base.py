@@ -102,6 +102,9 @@ class Buffer(ABC):
         self.rng = np.random.default_rng(seed)
         self.monitor = Monitor()
         self.lock = threading.RLock()
+        # Why chunks this buffer let go of were released, for the ledger: "consumed" or
+        # "dropped/<reason>"; absent means "evicted". The replay pops them as it settles.
+        self.release_reasons: dict[str, str] = {}
 
     @abstractmethod
     def __len__(self) -> int:
@@ -136,6 +139,11 @@ class Buffer(ABC):
     @abstractmethod
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, str]) -> None:
         ...
+
+    def chunk_occurrences(self) -> list[str]:
+        """Every chunk id this buffer indexes, once per index entry: a chunk indexed twice
+        would appear twice (the ledger checks that none does)."""
+        return sorted(self.chunk_ids())
 
     def use_counts(self) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)

@@ -88,6 +88,9 @@ class EpisodeBuffer(Buffer):
     def chunk_ids(self) -> set[str]:
         return set(self.table.index)
 
+    def chunk_occurrences(self) -> list[str]:
+        return [c for c in self.table.ids if c is not None]
+
     def use_counts(self) -> np.ndarray:
         """Sequences sampled from each segment held."""
         return self.seg_uses
@@ -126,6 +129,7 @@ class EpisodeBuffer(Buffer):
             keep = lengths >= L
             if not keep.any():
                 self.monitor.dropped["too_short"] += info.length
+                self.release_reasons[info.chunk_id] = "dropped/too_short"
                 released.append(info.chunk_id)
                 continue
             starts, lengths = starts[keep], lengths[keep]

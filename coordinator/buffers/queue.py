@@ -77,6 +77,9 @@ class QueueBuffer(Buffer):
     def chunk_ids(self) -> set[str]:
         return set(self.queue) | set(self.in_flight)
 
+    def chunk_occurrences(self) -> list[str]:
+        return [*self.queue, *self.in_flight]
+
     def stats(self) -> dict[str, float]:
         out = super().stats()
         m = self.monitor
@@ -88,8 +91,9 @@ class QueueBuffer(Buffer):
 
     # -- releasing --------------------------------------------------------------------------
 
-    def _release(self, entry: _Entry) -> None:
+    def _release(self, entry: _Entry, reason: str) -> None:
         self._released.append(entry.chunk_id)
+        self.release_reasons[entry.chunk_id] = reason
         self.monitor.released_chunks += 1
 
     def _drop(self, entry: _Entry, reason: str) -> None:
@@ -97,7 +101,7 @@ class QueueBuffer(Buffer):
         del self.queue[entry.chunk_id]
         self.queued_items -= entry.length
         self.monitor.dropped[reason] += entry.length
-        self._release(entry)
+        self._release(entry, f"dropped/{reason}")
 
     def take_released(self) -> list[str]:
         """Chunk ids released since the last call (or the last insert/consume) and not yet
@@ -173,7 +177,7 @@ class QueueBuffer(Buffer):
                 continue
             m.consumed_chunks += 1
             m.consumed_items += entry.length
-            self._release(entry)
+            self._release(entry, "consumed")
         return self.take_released()
 
     def requeue(self, chunk_ids: list[str]) -> int:

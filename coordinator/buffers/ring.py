@@ -46,6 +46,9 @@ class TransitionRing(Buffer):
     def chunk_ids(self) -> set[str]:
         return set(self.table.index)
 
+    def chunk_occurrences(self) -> list[str]:
+        return [c for c in self.table.ids if c is not None]
+
     def use_counts(self) -> np.ndarray:
         return self.uses[: len(self)]
 

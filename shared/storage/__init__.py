@@ -4,9 +4,13 @@ Two backends behind one interface: a directory (the embedded default, also a sha
 filesystem) and Redis. `open_storage` picks one from a URL-ish string.
 """
 
+import os
+
 from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
 from shared.storage.directory import DirectoryStorage
-from shared.storage.redis_store import RedisStorage
+from shared.storage.redis_store import DEFAULT_RETRY_S, RedisStorage
+
+RETRY_ENV = "RLFLEET_STORAGE_RETRY_S"
 
 
 def evaluated_blob(task_id: str) -> str:
@@ -17,12 +21,28 @@ def evaluated_blob(task_id: str) -> str:
 
 def open_storage(url: str, namespace: str = "run") -> Storage:
     """`redis://host:port/db` gives Redis (keys under `rlfleet:<namespace>:`); anything else
-    (a path, or `file:///path`) gives a directory."""
+    (a path, or `file:///path`) gives a directory.
+
+    `RLFLEET_STORAGE_RETRY_S` sets how long Redis calls ride out an outage before failing
+    (default 15 s): an operator tunes it per deployment without touching the run's config."""
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStorage(url, namespace)
+        return RedisStorage(url, namespace, retry_s=_retry_s())
     if url.startswith("file://"):
         url = url[len("file://"):]
     return DirectoryStorage(url)
+
+
+def _retry_s() -> float:
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETRY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{RETRY_ENV}={raw!r} must be a number of seconds") from None
+    if not value >= 0:  # also rejects nan
+        raise ValueError(f"{RETRY_ENV}={raw!r} must be >= 0")
+    return value
 
 
 __all__ = ["ChunkNotFound", "DirectoryStorage", "RedisStorage", "Storage", "StorageError",

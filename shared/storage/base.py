@@ -87,5 +87,28 @@ class Storage(ABC):
     def delete_blob(self, name: str) -> None:
         """Delete a named blob (a missing one is fine)."""
 
+    # -- the coordinator's write-ahead journal -----------------------------------------------
+    # Chunk metadata is appended here before the coordinator acknowledges a report, so a
+    # coordinator that dies between acknowledging and its next snapshot loses nothing: a
+    # restart loads the snapshot of generation G and replays journals G, G+1, ... in order.
+
+    @abstractmethod
+    def append_journal(self, generation: int, records: Sequence[bytes]) -> None:
+        """Append records to the journal of `generation`, all or none; when this returns
+        they are as durable as a chunk write. Raises `StorageError` when it cannot."""
+
+    @abstractmethod
+    def read_journal(self, generation: int) -> list[bytes]:
+        """The records of one generation's journal in append order ([] if none). A record
+        torn by a crash mid-append is not returned, nor anything after it."""
+
+    @abstractmethod
+    def journal_generations(self) -> list[int]:
+        """Generations that have a journal, ascending."""
+
+    @abstractmethod
+    def delete_journals(self, before: int) -> None:
+        """Delete the journals of every generation lower than `before`."""
+
     def close(self) -> None:  # noqa: B027 - optional for backends without connections
         """Release connections."""

@@ -2,18 +2,26 @@
 
 Every write goes to a temporary file that is renamed into place, so a reader never sees a
 half-written chunk and a crash mid-write leaves only a `.tmp` file behind.
+
+The journal is the exception: it is appended to, one file per generation, each record framed
+as length + crc32 + payload, so a crash mid-append leaves a torn last frame that reading
+detects and drops instead of a file that cannot be parsed.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import threading
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
 
 _SUFFIX = ".safetensors"
+_JOURNAL_SUFFIX = ".log"
+_FRAME = struct.Struct("<II")  # payload length, crc32 of the payload (little-endian)
 
 
 class DirectoryStorage(Storage):
@@ -22,8 +30,12 @@ class DirectoryStorage(Storage):
         self.chunk_dir = self.root / "chunks"
         self.weight_dir = self.root / "weights"
         self.blob_dir = self.root / "blobs"
+        self.journal_dir = self.root / "journal"
         self._published: list[int] | None = None
+        self._journal_lock = threading.Lock()
+        self._journal_checked: set[int] = set()  # generations whose torn tail was cut
         try:
+            self.journal_dir.mkdir(parents=True, exist_ok=True)
             self.blob_dir.mkdir(parents=True, exist_ok=True)
             self.chunk_dir.mkdir(parents=True, exist_ok=True)
             self.weight_dir.mkdir(parents=True, exist_ok=True)
@@ -130,3 +142,85 @@ class DirectoryStorage(Storage):
                 if version is not None:
                     return None
         return None
+
+    # -- the coordinator's write-ahead journal ----------------------------------------------
+
+    def journal_path(self, generation: int) -> Path:
+        return self.journal_dir / f"{int(generation):012d}{_JOURNAL_SUFFIX}"
+
+    def append_journal(self, generation: int, records: Sequence[bytes]) -> None:
+        """All records of a call go in one `write` on an `O_APPEND` descriptor, so a process
+        crash leaves either all of them or a torn tail that `read_journal` drops.
+
+        A torn tail must not hide later records, so it is cut off before this process first
+        appends to a generation (a restart that goes on with the same generation), and a short
+        write (a full disk) is cut off again at once."""
+        if not records:
+            return
+        frames = b"".join(_FRAME.pack(len(r), zlib.crc32(r)) + bytes(r) for r in records)
+        path = self.journal_path(generation)
+        with self._journal_lock:  # one writer at a time: the truncations need the end
+            try:
+                if int(generation) not in self._journal_checked:
+                    self._cut_torn_tail(path)
+                    self._journal_checked.add(int(generation))
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise StorageError(f"cannot open journal {path}: {err}") from None
+            try:
+                start = os.fstat(fd).st_size
+                try:
+                    written = os.write(fd, frames)
+                except OSError as err:
+                    raise StorageError(f"cannot append to journal {path}: {err}") from None
+                if written != len(frames):
+                    os.ftruncate(fd, start)
+                    raise StorageError(f"short append to journal {path}: {written} of "
+                                       f"{len(frames)} bytes (disk full?)")
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _cut_torn_tail(path: Path) -> None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        end = _parse_frames(data)[1]
+        if end < len(data):
+            os.truncate(path, end)
+
+    def read_journal(self, generation: int) -> list[bytes]:
+        path = self.journal_path(generation)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise StorageError(f"cannot read journal {path}: {err}") from None
+        return _parse_frames(data)[0]
+
+    def journal_generations(self) -> list[int]:
+        names = (p.name[: -len(_JOURNAL_SUFFIX)]
+                 for p in self.journal_dir.glob(f"*{_JOURNAL_SUFFIX}"))
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def delete_journals(self, before: int) -> None:
+        for generation in self.journal_generations():
+            if generation < before:
+                self.journal_path(generation).unlink(missing_ok=True)
+
+
+def _parse_frames(data: bytes) -> tuple[list[bytes], int]:
+    """The whole records at the start of a journal file, and where they end: parsing stops at
+    the first frame that is cut short or fails its checksum (a crash mid-append)."""
+    records, pos = [], 0
+    while pos + _FRAME.size <= len(data):
+        length, crc = _FRAME.unpack_from(data, pos)
+        end = pos + _FRAME.size + length
+        payload = data[pos + _FRAME.size:end]
+        if end > len(data) or zlib.crc32(payload) != crc:
+            break
+        records.append(payload)
+        pos = end
+    return records, pos

@@ -2,24 +2,120 @@
 
 The class owns its keys (see `key_*`), so no key string is assembled elsewhere. Writes of
 several chunks go in one pipelined transaction: one round trip for a whole batch.
+
+A Redis restart or a short outage is ridden out: connection errors and timeouts are retried
+with exponential backoff (redis-py's own `Retry`, which covers single commands, pipelines and
+transactions alike) for a bounded window, `retry_s`; only after it does a call raise
+`StorageError`. Retrying is safe because every write here is idempotent (SET, SADD, ZADD, DEL)
+but one: `append_journal`'s RPUSH, retried after the server ran it but before its reply came
+back, appends the journal records twice. The coordinator deduplicates replayed records by
+chunk id, so a duplicate costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
 
+T = TypeVar("T")
+
+DEFAULT_RETRY_S = 15.0
+
+# ConnectionErrors that waiting cannot fix: a wrong password stays wrong. (BusyLoadingError, a
+# restarted server still reading its append-only file, is retried: it is what a restart
+# looks like.)
+_NOT_TRANSIENT = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+class WindowRetry(Retry):
+    """redis-py's `Retry` with exponential backoff, bounded by time instead of a count.
+
+    redis-py retries at several nested levels (taking a pooled connection reconnects, a
+    command reconnects, a health check pings), each through the connection's retry object,
+    and copies that object into every connection. A count would multiply across those levels;
+    a window does not: the outermost call on a thread (or `window()`, which a storage call
+    opens around all its commands) sets one deadline that every nested retry shares. So a
+    call gives up after about `window_s`, plus at most one attempt (a connect timeout).
+    """
+
+    def __init__(self, window_s: float, base_s: float = 0.025, cap_s: float = 1.0) -> None:
+        # The count only feeds redis-py's metrics; the window ends the retrying.
+        super().__init__(ExponentialBackoff(cap=cap_s, base=base_s), retries=1_000_000,
+                         supported_errors=(redis.ConnectionError, redis.TimeoutError))
+        self.window_s = window_s
+        self.failures = 0  # failed attempts so far, retried or not (for status and tests)
+        self._count_lock = threading.Lock()
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> WindowRetry:
+        return self  # shared by every connection: the deadline lives per thread
+
+    @contextmanager
+    def window(self) -> Iterator[None]:
+        """Every retry on this thread inside the block shares one deadline."""
+        if getattr(self._local, "deadline", None) is not None:
+            yield
+            return
+        self._local.deadline = time.monotonic() + self.window_s
+        try:
+            yield
+        finally:
+            self._local.deadline = None
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
+                        is_retryable: Callable[[Exception], bool] | None = None,
+                        with_failure_count: bool = False) -> T:
+        with self.window():
+            deadline = self._local.deadline
+            self._backoff.reset()
+            failures = 0
+            while True:
+                try:
+                    return do()
+                except self._supported_errors as error:
+                    if isinstance(error, _NOT_TRANSIENT) or (
+                            is_retryable and not is_retryable(error)):
+                        raise
+                    failures += 1
+                    with self._count_lock:
+                        self.failures += 1
+                    if with_failure_count:
+                        fail(error, failures)
+                    else:
+                        fail(error)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise
+                    time.sleep(min(self._backoff.compute(failures), left))
+
 
 class RedisStorage(Storage):
-    def __init__(self, url: str, namespace: str = "run", client: redis.Redis | None = None):
+    """`retry_s`: how long connection errors and timeouts are retried before a call raises
+    `StorageError` (a Redis restart takes a second or two; a failover longer)."""
+
+    def __init__(self, url: str, namespace: str = "run", client: redis.Redis | None = None,
+                 retry_s: float = DEFAULT_RETRY_S, connect_timeout_s: float = 1.0) -> None:
+        if retry_s < 0:
+            raise ValueError(f"retry_s={retry_s} must be >= 0")
         self.url = url
         self.namespace = namespace
         self.prefix = f"rlfleet:{namespace}:"
+        self.retry = WindowRetry(retry_s)
+        # A short connect timeout: while the server is down each attempt should fail fast and
+        # leave the window to the backoff, not spend it in one SYN.
         self.client = client or redis.Redis.from_url(
-            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+            url, socket_timeout=10, socket_connect_timeout=connect_timeout_s,
+            health_check_interval=30, retry=self.retry,
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
     def __repr__(self) -> str:
         return f"RedisStorage({self.url!r}, namespace={self.namespace!r})"
@@ -45,9 +141,17 @@ class RedisStorage(Storage):
     def key_versions(self) -> str:
         return f"{self.prefix}weights:versions"
 
-    def _call(self, what: str, fn, *args):
+    def key_journal(self, generation: int) -> str:
+        return f"{self.prefix}journal:{int(generation)}"
+
+    @property
+    def key_journals(self) -> str:
+        return f"{self.prefix}journals"
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return fn(*args)
+            with self.retry.window():  # one deadline for all the commands of this call
+                return fn(*args)
         except redis.RedisError as err:
             raise StorageError(f"redis {what} failed at {self.url}: {err}") from err
 
@@ -133,6 +237,43 @@ class RedisStorage(Storage):
             if version is not None:
                 return None
         return None
+
+    # -- the coordinator's write-ahead journal ----------------------------------------------
+
+    def append_journal(self, generation: int, records: Sequence[bytes]) -> None:
+        """One MULTI/EXEC: the generation is listed and its records appended, or neither.
+        A retry after a lost reply can append the records twice (see the module docstring:
+        the coordinator deduplicates by chunk id)."""
+        if not records:
+            return
+        generation = int(generation)
+
+        def append() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.key_journals, {str(generation): generation})
+            pipe.rpush(self.key_journal(generation), *records)
+            pipe.execute()
+
+        self._call("append_journal", append)
+
+    def read_journal(self, generation: int) -> list[bytes]:
+        return self._call("read_journal", self.client.lrange, self.key_journal(generation), 0, -1)
+
+    def journal_generations(self) -> list[int]:
+        members = self._call("journal_generations", self.client.zrange, self.key_journals, 0, -1)
+        return sorted(int(m) for m in members)
+
+    def delete_journals(self, before: int) -> None:
+        def delete() -> None:
+            old = self.client.zrangebyscore(self.key_journals, "-inf", f"({int(before)}")
+            if not old:
+                return
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(*[self.key_journal(int(g)) for g in old])
+            pipe.zrem(self.key_journals, *old)
+            pipe.execute()
+
+        self._call("delete_journals", delete)
 
     def clear(self) -> None:
         """Delete every key of this run (tests, and `rlfleet up` starting a fresh run)."""

@@ -45,6 +45,31 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, interval_
         time.sleep(interval_s)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    out: list[int] = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for child in map(int, children):
+        out.append(child)
+        out += descendants(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a server and its gunicorn worker at once: a crash. Killing only the master
+    is not one: its worker notices the new parent and shuts down cleanly."""
+    pids = [proc.pid, *descendants(proc.pid)]
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,10 +260,13 @@ class CoordinatorPool:
         self._wait_healthy(c)
         return c
 
-    def start(self, config: dict, storage_dir: Path, *args: str) -> CoordinatorProc:
-        """A healthy coordinator on a given config and storage directory (for restarts: a
-        second one on the same storage, with `--resume`), never a prewarmed spare."""
-        c = self._spawn(None, config=config, storage_dir=storage_dir, args=args)
+    def start(self, config: dict, storage_dir: Path | str, *args: str,
+              environ: dict[str, str] | None = None) -> CoordinatorProc:
+        """A healthy coordinator on a given config and storage (a directory, or a Redis
+        URL; for restarts: a second one on the same storage, with `--resume`), never a
+        prewarmed spare."""
+        c = self._spawn(None, config=config, storage_dir=storage_dir, args=args,
+                        environ=environ)
         self._wait_healthy(c)
         return c
 
@@ -271,7 +299,7 @@ class CoordinatorPool:
                 c.proc.wait(timeout=10)
 
     def _spawn(self, overrides: dict | None, config: dict | None = None,
-               storage_dir: Path | None = None, args: tuple[str, ...] = (),
+               storage_dir: Path | str | None = None, args: tuple[str, ...] = (),
                environ: dict[str, str] | None = None) -> CoordinatorProc:
         n = len(self.procs)
         # A token in the developer's shell must not guard the coordinators tests talk to
@@ -412,4 +440,6 @@ def comparable_status(c: CoordinatorProc) -> dict:
     for w in s["workers"]:
         w.pop("seconds_since_heartbeat")
     s["metrics"] = {k: v for k, v in s["metrics"].items() if not k.endswith("_per_s")}
+    for key in ("unannounced", "journal_generation"):  # garbage collection, snapshots
+        s["ledger"].pop(key)
     return s

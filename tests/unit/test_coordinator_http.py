@@ -124,12 +124,14 @@ def test_registering_again_under_the_same_id_keeps_one_worker(coordinator, task_
 
     again = register(c, "collector", new_sink, worker_id="col-1")   # a restart elsewhere
     assert again["worker_id"] == "col-1"
+    # the restarted worker gets its own task back (issue 7), with a new seed so the new
+    # process does not replay the old one's episodes
     second = new_sink.wait_task("collect")
-    assert second["task_id"] != first["task_id"]
+    assert second["task_id"] == first["task_id"] and second["seed"] != first["seed"]
     workers = c.status()["workers"]
     assert len(workers) == 1
     assert workers[0]["registrations"] == 2 and workers[0]["url"] == new_sink.url
-    assert task_state(c, first["task_id"]) == "failed"
+    assert get(c, f"/tasks/{first['task_id']}")["reassignments"] == 1
     wait_running(c, second["task_id"])
     # the new task carries the worker's chunks
     cid = write_chunk(c, 8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 
 import numpy as np
@@ -165,6 +167,105 @@ def test_big_binary_blob_round_trips(storage: Storage):
     assert storage.get_weights(0) == (0, blob)
 
 
+# -- the coordinator's journal -------------------------------------------------------------
+
+def test_journal_round_trips_records_in_append_order(storage: Storage):
+    first = [b"a", b"\x00binary\xff", b""]
+    storage.append_journal(3, first)
+    storage.append_journal(3, [b"d"])
+    storage.append_journal(3, [])
+    assert storage.read_journal(3) == [*first, b"d"]
+    assert storage.journal_generations() == [3]
+
+
+def test_journal_generations_are_listed_ascending_and_kept_apart(storage: Storage):
+    for generation in (12, 2, 7, 100):
+        storage.append_journal(generation, [f"g{generation}".encode()])
+    storage.append_journal(7, [b"g7-again"])
+    assert storage.journal_generations() == [2, 7, 12, 100]
+    assert storage.read_journal(7) == [b"g7", b"g7-again"]
+    assert storage.read_journal(100) == [b"g100"]
+
+
+def test_delete_journals_drops_only_lower_generations(storage: Storage):
+    for generation in (1, 2, 3, 4):
+        storage.append_journal(generation, [b"x"])
+    storage.delete_journals(before=3)
+    assert storage.journal_generations() == [3, 4]
+    assert storage.read_journal(1) == [] and storage.read_journal(2) == []
+    assert storage.read_journal(3) == [b"x"]
+    storage.delete_journals(before=0)
+    assert storage.journal_generations() == [3, 4]
+    storage.delete_journals(before=10)
+    assert storage.journal_generations() == []
+
+
+def test_an_empty_journal_reads_as_no_records(storage: Storage):
+    assert storage.read_journal(0) == []
+    assert storage.journal_generations() == []
+    storage.delete_journals(before=5)  # nothing to delete is fine
+
+
+def test_journal_records_are_not_chunks_or_blobs(storage: Storage):
+    storage.append_journal(0, [b"record"])
+    storage.put_chunk("c", b"chunk")
+    assert storage.list_chunks() == ["c"]
+    assert storage.read_journal(0) == [b"record"]
+
+
+def test_journal_appends_from_many_threads_keep_every_batch_whole(storage: Storage):
+    def append(t: int) -> None:
+        for i in range(20):
+            storage.append_journal(1, [f"{t}-{i}-a".encode(), f"{t}-{i}-b".encode()])
+
+    threads = [threading.Thread(target=append, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    records = storage.read_journal(1)
+    assert len(records) == 4 * 20 * 2
+    for a, b in zip(records[::2], records[1::2], strict=True):  # a call's records stay together
+        assert a.endswith(b"-a") and b == a[:-1] + b"b"
+    for t in range(4):  # and each thread's calls stay in order
+        mine = [r for r in records[::2] if r.startswith(f"{t}-".encode())]
+        assert mine == [f"{t}-{i}-a".encode() for i in range(20)]
+
+
+@pytest.mark.parametrize("cut", [1, 4, 8, 9, 12], ids=lambda n: f"cut{n}")
+def test_directory_journal_drops_a_torn_last_record(tmp_path, cut: int):
+    """A crash mid-append leaves part of the last frame (header 8 bytes, then the payload):
+    reading returns the whole records before it, and the next append is not hidden by it."""
+    store = DirectoryStorage(tmp_path)
+    store.append_journal(5, [b"one", b"two"])
+    whole = store.journal_path(5).stat().st_size
+    store.append_journal(5, [b"three-three"])  # an 8-byte header plus 11 bytes
+    os.truncate(store.journal_path(5), whole + cut)
+    assert store.read_journal(5) == [b"one", b"two"]
+
+    restarted = DirectoryStorage(tmp_path)  # a new process going on with generation 5
+    assert restarted.read_journal(5) == [b"one", b"two"]
+    restarted.append_journal(5, [b"four"])
+    assert restarted.read_journal(5) == [b"one", b"two", b"four"]
+
+
+def test_directory_journal_stops_at_a_corrupt_record(tmp_path):
+    store = DirectoryStorage(tmp_path)
+    store.append_journal(0, [b"good", b"flipped", b"after"])
+    data = bytearray(store.journal_path(0).read_bytes())
+    data[8 + 4 + 8 + 2] ^= 0xFF  # a byte of the second payload
+    store.journal_path(0).write_bytes(bytes(data))
+    assert store.read_journal(0) == [b"good"]
+
+
+def test_redis_journal_keys_live_under_the_run_prefix(redis_storage: RedisStorage):
+    redis_storage.append_journal(4, [b"r"])
+    keys = {k.decode() for k in redis_storage.client.keys(f"{redis_storage.prefix}*")}
+    assert keys == {redis_storage.key_journal(4), redis_storage.key_journals}
+    redis_storage.clear()
+    assert redis_storage.journal_generations() == []
+
+
 # -- backends -----------------------------------------------------------------------------
 
 def test_redis_namespaces_are_isolated(redis_storage: RedisStorage):
@@ -214,11 +315,18 @@ def test_directory_storage_on_a_file_raises_storage_error(tmp_path):
     lambda s: s.latest_version(),
     lambda s: s.get_weights(),
     lambda s: s.clear(),
+    lambda s: s.append_journal(0, [b"r"]),
+    lambda s: s.read_journal(0),
+    lambda s: s.journal_generations(),
+    lambda s: s.delete_journals(5),
 ], ids=["put_chunks", "get_chunks", "delete_chunks", "list_chunks", "put_weights",
-        "latest_version", "get_weights", "clear"])
+        "latest_version", "get_weights", "clear", "append_journal", "read_journal",
+        "journal_generations", "delete_journals"])
 def test_unreachable_redis_raises_storage_error(call):
     url = f"redis://127.0.0.1:{closed_port()}/0"
-    store = RedisStorage(url, namespace="unreachable")
+    # A short retry window: this is about the error, tests/unit/test_storage_outage.py
+    # about riding out an outage.
+    store = RedisStorage(url, namespace="unreachable", retry_s=0.05)
     try:
         with pytest.raises(StorageError) as info:
             call(store)

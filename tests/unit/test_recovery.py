@@ -1,0 +1,428 @@
+"""Crash survival, one recovery path at a time, against real coordinator processes over HTTP:
+the ledger, the write-ahead journal across a SIGKILL, garbage collection of chunks nobody
+announced, tasks of dead workers handed on, a dead learner's queue chunks requeued, and a
+storage outage answered with 503 that changes nothing. Every wait has a deadline."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared.storage import DirectoryStorage
+
+from .helpers import (
+    REDIS_URL,
+    CoordinatorPool,
+    CoordinatorProc,
+    buffer_config,
+    collector_and_learner,
+    free_port,
+    get,
+    kill_tree,
+    make_config,
+    ok,
+    post,
+    register,
+    report,
+    wait_for,
+    write_chunk,
+)
+
+FREE = {"min_size": 1}
+SMALL = {"buffers": {"replay": buffer_config(capacity=64, rate_limit=FREE)}}
+QUEUE = {"buffers": {"rollouts": buffer_config(kind="queue", capacity=100_000,
+                                               rate_limit=FREE, max_policy_lag=2)},
+         "learner": {"mix": [{"buffer": "rollouts", "fraction": 1.0}]},
+         "algo": {"name": "ppo", "max_policy_lag": 100}}
+FAST_REAP = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 0.6,
+             "task_push_timeout_s": 2.0, "snapshot_interval_s": 0.3}
+
+
+def balanced(c: CoordinatorProc) -> dict:
+    ledger = c.status()["ledger"]
+    assert ledger["balanced"], ledger
+    assert set(ledger["duplicate_chunks"].values()) == {0}, ledger
+    return ledger
+
+
+def sigkill(c: CoordinatorProc) -> None:
+    kill_tree(c.proc)
+
+
+def restart(pool: CoordinatorPool, c: CoordinatorProc, **config) -> CoordinatorProc:
+    """A coordinator on the same storage, with `--resume`, as a supervisor would start it."""
+    cfg = {**c.config, **config}
+    return pool.start(cfg, c.storage_dir, "--resume")
+
+
+def buffer_ids(c: CoordinatorProc, name: str) -> list[str]:
+    return get(c, f"/buffers/{name}/chunks")["chunk_ids"]
+
+
+# -- the ledger ------------------------------------------------------------------------------
+
+def _take(c: CoordinatorProc, learner: str, buffer: str) -> list[str]:
+    got = post(c, "/sample", {"worker_id": learner, "batch_size": 1, "num_batches": 8,
+                              "wait_s": 0, "by_buffer": {buffer: 1}})
+    return got.json()["chunk_ids"] if got.status_code == 200 else []
+
+
+def _learn_info(c: CoordinatorProc, learner: str, version: int, consumed=None) -> None:
+    ok(post(c, "/learn-info", {"worker_id": learner, "train_iterations": version,
+                               "policy_version": version, "consumed": consumed or []}))
+
+
+def test_the_ledger_counts_every_release_by_reason(coordinator, task_sink):
+    c = coordinator(buffers={"q": buffer_config(kind="queue", capacity=64, rate_limit=FREE,
+                                                max_policy_lag=1)},
+                    learner={"mix": [{"buffer": "q", "fraction": 1.0}]},
+                    algo={"name": "ppo"})
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    for v in (0, 0, 0, 3, 3):  # 16 rows each: the fifth overflows the oldest
+        ok(report(c, col["worker_id"], collect["task_id"], [(uuid.uuid4().hex, 16)],
+                  policy_version=v))
+        balanced(c)
+    assert balanced(c)["dropped"] == {"overflow": 1}
+    _learn_info(c, lrn["worker_id"], 3)
+    taken = _take(c, lrn["worker_id"], "q")  # the two at version 0 are too old
+    assert len(taken) == 2
+    ledger = balanced(c)
+    assert ledger["dropped"] == {"overflow": 1, "policy_lag": 2}
+    assert ledger["in_buffers"] == 2  # in flight still counts as held
+    _learn_info(c, lrn["worker_id"], 4, [{"buffer": "q", "chunk_ids": taken}])
+    ledger = balanced(c)
+    assert (ledger["acknowledged"], ledger["in_buffers"], ledger["consumed"],
+            ledger["evicted"]) == (5, 0, 2, 0)
+
+
+def test_a_chunk_in_two_buffers_is_counted_once_when_the_last_lets_go(coordinator,
+                                                                      task_sink):
+    c = coordinator(buffers={"small": buffer_config(capacity=16, rate_limit=FREE),
+                             "q": buffer_config(kind="queue", capacity=1000,
+                                                rate_limit=FREE)},
+                    learner={"mix": [{"buffer": "small", "fraction": 1.0}]})
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    ok(report(c, col["worker_id"], collect["task_id"], [(first, 16)]))
+    ok(report(c, col["worker_id"], collect["task_id"], [(second, 16)]))
+    ledger = balanced(c)  # "small" evicted the first, but the queue still holds it
+    assert (ledger["in_buffers"], ledger["evicted"]) == (2, 0)
+    taken = _take(c, lrn["worker_id"], "q")
+    assert taken == [first, second]
+    _learn_info(c, lrn["worker_id"], 1, [{"buffer": "q", "chunk_ids": taken}])
+    ledger = balanced(c)  # the first went with the queue's consume, the second stays
+    assert (ledger["in_buffers"], ledger["consumed"], ledger["evicted"]) == (1, 1, 0)
+    assert buffer_ids(c, "small") == [second] and buffer_ids(c, "q") == []
+
+
+def test_the_ledger_balances_at_every_moment_under_load(coordinator, task_sink):
+    c = coordinator(**SMALL)
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    stop = threading.Event()
+    sent = []
+
+    def collect_loop() -> None:
+        while not stop.is_set():
+            cid = uuid.uuid4().hex
+            resp = report(c, col["worker_id"], collect["task_id"], [(cid, 16)])
+            assert resp.status_code == 200, resp.text
+            sent.append(cid)
+
+    threads = [threading.Thread(target=collect_loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(60):
+            balanced(c)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    ledger = balanced(c)
+    assert ledger["acknowledged"] == len(sent) and ledger["evicted"] > 0
+
+
+# -- the write-ahead journal across a SIGKILL ---------------------------------------------------
+
+@pytest.mark.parametrize("backend,snapshot_every", [
+    ("directory", 3600.0), ("directory", 0.3), ("redis", 3600.0), ("redis", 0.3)])
+def test_a_killed_coordinator_loses_no_acknowledged_chunk(coordinator_pool, task_sink,
+                                                          tmp_path, backend, snapshot_every):
+    """With no snapshot since the reports (3600 s) everything comes from the journal; with
+    frequent ones, from a snapshot plus the journal after it."""
+    cfg = make_config(**SMALL, coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0,
+                                            "snapshot_interval_s": snapshot_every})
+    cfg["name"] = f"wal-{uuid.uuid4().hex[:12]}"
+    storage = REDIS_URL if backend == "redis" else tmp_path / "storage"
+    c = coordinator_pool.start(cfg, storage)
+    try:
+        col, collect, _, _ = collector_and_learner(c, task_sink)
+        acked = []
+        for i in range(12):
+            cid = uuid.uuid4().hex
+            ok(report(c, col["worker_id"], collect["task_id"], [(cid, 16)],
+                      episode_returns=[float(i)], episode_lengths=[16]))
+            acked.append(cid)
+        before = c.status()
+        held = set(buffer_ids(c, "replay"))
+        sigkill(c)
+
+        c2 = coordinator_pool.start(cfg, storage, "--resume")
+        after = c2.status()
+        for key in ("env_steps", "chunks_accepted", "episodes"):
+            assert after["counters"][key] == before["counters"][key], key
+        assert after["counters"]["chunks_accepted"] == 12
+        ledger = balanced(c2)
+        assert ledger["acknowledged"] == 12
+        assert set(buffer_ids(c2, "replay")) == held  # the same chunks, each once
+        assert ledger["in_buffers"] == len(held) and ledger["evicted"] == 12 - len(held)
+        # the collector's retry of an acknowledged report counts nothing twice
+        register(c2, "collector", task_sink(), col["worker_id"])
+        resp = ok(report(c2, col["worker_id"], collect["task_id"], [(acked[-1], 16)]))
+        assert resp["accepted"] == 0
+        assert c2.status()["counters"]["chunks_accepted"] == 12
+    finally:
+        if backend == "redis":
+            _wipe_redis(cfg["name"])
+
+
+def _wipe_redis(name: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"rlfleet:{name}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+# -- garbage collection ------------------------------------------------------------------------
+
+GC = {"gc_interval_s": 0.2, "orphan_grace_s": 0.6}
+
+
+def test_chunks_written_but_never_announced_are_collected(coordinator, task_sink):
+    c = coordinator(coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0, **GC})
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    storage = DirectoryStorage(c.storage_dir)
+    orphan = write_chunk(c, 8)  # its collector "died" before announcing it
+    kept = write_chunk(c, 8)
+    ok(report(c, col["worker_id"], collect["task_id"], [(kept, 8)]))
+    wait_for(lambda: orphan not in storage.list_chunks(), timeout_s=15,
+             what="the unannounced chunk deleted")
+    assert kept in storage.list_chunks()
+    ledger = balanced(c)
+    assert ledger["orphans_deleted"] == 1 and ledger["acknowledged"] == 1
+    # announced too late: its bytes are gone, so it is refused, never acknowledged
+    assert ok(report(c, col["worker_id"], collect["task_id"], [(orphan, 8)]))["accepted"] == 0
+    assert balanced(c)["acknowledged"] == 1
+
+
+def test_deletions_cut_short_by_a_crash_happen_after_restart(coordinator_pool, task_sink,
+                                                               tmp_path):
+    """Evicted chunks wait for a snapshot before deletion; a crash before it leaves them in
+    storage. The restart's journal replay evicts them again, and its first snapshot lets
+    them be deleted: nothing leaks, nothing held is deleted."""
+    cfg = make_config(**SMALL, coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0,
+                                            "snapshot_interval_s": 3600.0, **GC})
+    c = coordinator_pool.start(cfg, tmp_path / "storage")
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    ids = [write_chunk(c, 16) for _ in range(10)]
+    for cid in ids:
+        ok(report(c, col["worker_id"], collect["task_id"], [(cid, 16)]))
+    storage = DirectoryStorage(tmp_path / "storage")
+    held = set(buffer_ids(c, "replay"))
+    assert len(held) == 4 and set(storage.list_chunks()) == set(ids)
+    sigkill(c)
+    cfg["coordinator"]["snapshot_interval_s"] = 0.3
+    c2 = coordinator_pool.start(cfg, tmp_path / "storage", "--resume")
+    assert set(buffer_ids(c2, "replay")) == held
+    wait_for(lambda: set(storage.list_chunks()) == held, timeout_s=15,
+             what="evicted chunks deleted after the restart's first snapshot")
+    ledger = balanced(c2)
+    assert (ledger["acknowledged"], ledger["evicted"], ledger["orphans_deleted"]) == (10, 6, 0)
+
+
+# -- dead workers' work ---------------------------------------------------------------------------
+
+class Heartbeats:
+    """A worker's heartbeat loop, as a thread that can be stopped (the worker "dies")."""
+
+    def __init__(self, c: CoordinatorProc, worker_id: str) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(c, worker_id), daemon=True)
+        self.thread.start()
+
+    def _run(self, c: CoordinatorProc, worker_id: str) -> None:
+        while not self.stop.wait(0.1):
+            post(c, f"/workers/{worker_id}/heartbeat", {"status": {}})
+
+    def kill(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def task(c: CoordinatorProc, task_id: str) -> dict:
+    return get(c, f"/tasks/{task_id}")
+
+
+def test_a_dead_collectors_task_goes_to_the_next_collector(coordinator, task_sink):
+    c = coordinator(coordinator=FAST_REAP)
+    sink_a = task_sink()
+    a = register(c, "collector", sink_a)
+    first = sink_a.wait_task("collect")
+    wait_for(lambda: task(c, first["task_id"])["state"] == "unassigned", timeout_s=10,
+             what="the dead collector's task unassigned")
+    workers = {w["worker_id"]: w for w in c.status()["workers"]}
+    assert workers[a["worker_id"]]["state"] == "dead"
+    sink_b = task_sink()
+    register(c, "collector", sink_b)
+    second = sink_b.wait_task("collect")
+    assert second["task_id"] == first["task_id"]
+    assert second["seed"] != first["seed"]  # the new collector does not replay its episodes
+    info = task(c, first["task_id"])
+    assert info["reassignments"] == 1 and info["state"] in ("pending", "running")
+
+
+def test_a_dead_collectors_evaluation_moves_to_a_live_one(coordinator, task_sink):
+    c = coordinator(coordinator={**FAST_REAP, "heartbeat_timeout_s": 1.0},
+                    eval={"every_env_steps": 32})
+    sinks = [task_sink(), task_sink()]
+    ids = [register(c, "collector", s, f"c{i}")["worker_id"] for i, s in enumerate(sinks)]
+    beats = {wid: Heartbeats(c, wid) for wid in ids}
+    tasks = [s.wait_task("collect") for s in sinks]
+    for t in tasks:
+        wait_for(lambda t=t: task(c, t["task_id"])["state"] == "running", what="running")
+    lrn = register(c, "learner", task_sink())
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 1,
+                               "policy_version": 0}))
+    ok(report(c, ids[0], tasks[0]["task_id"], [(uuid.uuid4().hex, 64)]))
+    ev = wait_for(lambda: [s for s in sinks if s.tasks("evaluate")], timeout_s=10,
+                  what="an evaluation pushed")[0].wait_task("evaluate")
+    holder = next(i for i, s in enumerate(sinks) if s.tasks("evaluate"))
+    other = 1 - holder
+    beats[ids[holder]].kill()
+    moved = sinks[other].wait_task("evaluate", timeout_s=10)
+    assert moved["task_id"] == ev["task_id"]
+    assert task(c, ev["task_id"])["worker_id"] == ids[other]
+    for b in beats.values():
+        b.kill()
+
+
+def test_a_dead_learners_queue_chunks_go_back_to_the_queue(coordinator, task_sink):
+    c = coordinator(**QUEUE, coordinator=FAST_REAP)
+    col, collect, lrn, learn = collector_and_learner(c, task_sink)
+    beats = Heartbeats(c, col["worker_id"])
+    ids = [uuid.uuid4().hex for _ in range(3)]
+    ok(report(c, col["worker_id"], collect["task_id"], [(cid, 16) for cid in ids]))
+    got = ok(post(c, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 1,
+                                 "num_batches": 2, "wait_s": 0,
+                                 "mix": [{"buffer": "rollouts", "fraction": 1.0}]}))
+    assert got["chunk_ids"] == ids[:2]
+    stats = get(c, "/buffers/rollouts")
+    assert stats["in_flight_chunks"] == 2
+    # the learner stops heartbeating: it dies with two chunks in flight
+    wait_for(lambda: get(c, "/buffers/rollouts")["queued_chunks"] == 3, timeout_s=10,
+             what="in-flight chunks requeued")
+    assert task(c, learn["task_id"])["state"] == "unassigned"
+    new_sink = task_sink()
+    new = register(c, "learner", new_sink)
+    assert new_sink.wait_task("learn")["task_id"] == learn["task_id"]
+    again = ok(post(c, "/sample", {"worker_id": new["worker_id"], "batch_size": 1,
+                                   "num_batches": 3, "wait_s": 0,
+                                   "mix": [{"buffer": "rollouts", "fraction": 1.0}]}))
+    assert again["chunk_ids"] == ids  # the requeued ones first, in their order
+    balanced(c)
+    beats.kill()
+
+
+def test_a_restarted_coordinator_gives_workers_their_tasks_back(coordinator_pool, task_sink,
+                                                                 tmp_path):
+    cfg = make_config(coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0})
+    c = coordinator_pool.start(cfg, tmp_path / "storage")
+    col, collect, lrn, learn = collector_and_learner(c, task_sink)
+    ok(report(c, col["worker_id"], collect["task_id"], [(uuid.uuid4().hex, 16)]))
+    sigkill(c)
+    c2 = coordinator_pool.start(cfg, tmp_path / "storage", "--resume")
+    # an unknown worker is told so (404): that is its cue to register again
+    resp = post(c2, f"/workers/{col['worker_id']}/heartbeat", {"status": {}})
+    assert resp.status_code == 404 and resp.json()["field"] == "worker_id"
+    sinks = {"collector": task_sink(), "learner": task_sink()}
+    register(c2, "collector", sinks["collector"], col["worker_id"])
+    register(c2, "learner", sinks["learner"], lrn["worker_id"])
+    assert sinks["collector"].wait_task("collect")["task_id"] == collect["task_id"]
+    assert sinks["learner"].wait_task("learn")["task_id"] == learn["task_id"]
+    resp = ok(report(c2, col["worker_id"], collect["task_id"], [(uuid.uuid4().hex, 16)]))
+    assert resp["accepted"] == 1
+    assert balanced(c2)["acknowledged"] == 2
+    # new tasks never reuse a restored id
+    other = task_sink()
+    register(c2, "collector", other)
+    assert other.wait_task("collect")["task_id"] not in (collect["task_id"],
+                                                         learn["task_id"])
+
+
+# -- storage outage -----------------------------------------------------------------------------
+
+class OwnRedis:
+    """A redis-server of the test's own on a free port, with an append-only file, that can
+    be killed and started again on the same port and directory."""
+
+    def __init__(self, tmp: Path) -> None:
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        self.port, self.dir = free_port(), tmp
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        wait_for(lambda: _pings(client), timeout_s=10, what="redis-server up")
+        client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path):
+    server = OwnRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_a_report_during_a_storage_outage_gets_503_and_changes_nothing(coordinator_pool,
+                                                                       task_sink, own_redis):
+    cfg = make_config(coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0})
+    c = coordinator_pool.start(cfg, own_redis.url, environ={"RLFLEET_STORAGE_RETRY_S": "0.5"})
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    ok(report(c, col["worker_id"], collect["task_id"], [(uuid.uuid4().hex, 16)]))
+    own_redis.kill()
+    lost = uuid.uuid4().hex
+    resp = report(c, col["worker_id"], collect["task_id"], [(lost, 16)])
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["Retry-After"] and "storage unavailable" in resp.json()["error"]
+    assert balanced(c)["acknowledged"] == 1  # nothing changed
+    own_redis.start()
+    assert ok(report(c, col["worker_id"], collect["task_id"], [(lost, 16)]))["accepted"] == 1
+    assert balanced(c)["acknowledged"] == 2
