@@ -4,6 +4,7 @@ coordinator processes, and the calls tests make to them as workers would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -63,10 +64,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
     is not one: its worker notices the new parent and shuts down cleanly."""
     pids = [proc.pid, *descendants(proc.pid)]
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
     proc.wait(timeout=10)
 
 
