@@ -103,7 +103,9 @@ class CollectorService(WorkerService):
         torch.set_num_threads(1)
         cfg = self.wait_config()
         assert self.task is not None
-        storage = open_storage(self.storage_url, cfg.name)
+        # A short retry window: during an outage the adder holds chunks and the envs go on,
+        # rather than the whole loop waiting inside one write.
+        storage = open_storage(self.storage_url, cfg.name, max_retry_s=1.0)
         spec = env_spec(cfg.env)
         seed = self.task.seed
         envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)

@@ -331,8 +331,9 @@ class Coordinator:
     def _push(self, rec: TaskRecord) -> None:
         """Send a task to its worker; retried with backoff, failed if the worker never takes
         it (the scheduler will notice the worker is gone)."""
+        worker_id = rec.worker_id  # the task may move to another worker meanwhile
         try:
-            worker = self.members.get(rec.worker_id)
+            worker = self.members.get(worker_id)
         except UnknownWorker:
             self.tasks.end(rec.task_id, TaskState.FAILED, "worker unknown")
             return
@@ -341,12 +342,13 @@ class Coordinator:
         try:
             ack = client.post("/task", TaskEnvelope(task=rec.task), TaskAccepted)
         except HttpError as err:
-            self.tasks.end(rec.task_id, TaskState.FAILED, f"push failed: {err}")
-            log.warning("could not push %s to %s: %s", rec.task_id, rec.worker_id, err)
+            log.warning("could not push %s to %s: %s", rec.task_id, worker_id, err)
+            if rec.worker_id == worker_id and rec.state is TaskState.PENDING:
+                self.tasks.end(rec.task_id, TaskState.FAILED, f"push failed: {err}")
             return
         finally:
             client.close()
-        if ack.accepted and rec.state is TaskState.PENDING:
+        if ack.accepted and rec.state is TaskState.PENDING and rec.worker_id == worker_id:
             rec.state = TaskState.RUNNING
 
     # -- experience -------------------------------------------------------------------------

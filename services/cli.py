@@ -4,6 +4,7 @@
     rlfleet collector --coordinator URL
     rlfleet learner --coordinator URL
     rlfleet up --config PATH [--collectors N] [--storage S] [--run-dir D] [--seed S]
+               [--max-restarts N]                              # restarts crashed children
     rlfleet status [--coordinator URL]
     rlfleet single --config PATH                               # no HTTP, no storage
 
@@ -90,6 +91,20 @@ def _worker(args: argparse.Namespace, role: str) -> int:
 
     serve(factory, args.host, args.port, threads=4)
     return 0
+
+
+def _supervision_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-restarts", type=_non_negative, default=env("MAX_RESTARTS", "10"),
+                   help="restarts of one child (a crashed collector, learner or coordinator) "
+                   "before the run ends as crashed; 0: the first crash ends it "
+                   "(default 10)")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -196,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--collector-nice", type=int, default=5,
                    help="scheduling niceness of collector processes: on a small machine the "
                    "learner is the critical path, so collectors yield the CPU to it")
+    _supervision_options(u)
     u.set_defaults(func=cmd_up)
 
     r = sub.add_parser("resume", help="continue a stopped or crashed run from its run "
@@ -206,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-env-steps", type=int, default=None)
     r.add_argument("--quiet", action="store_true", help="no live progress line")
     r.add_argument("--collector-nice", type=int, default=5)
+    _supervision_options(r)
     r.set_defaults(func=cmd_resume)
 
     pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG")

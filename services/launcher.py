@@ -5,6 +5,14 @@ Each role is its own process running the same `rlfleet <role>` command a contain
 free loopback port. Children get their own session (Ctrl-C reaches only the launcher, which
 then stops them in order: workers first, so they can leave cleanly, then the coordinator) and
 a parent-death signal (if the launcher is killed outright, they die with it: no orphans).
+
+The launcher supervises its children the way compose's `restart:` or a Kubernetes Deployment
+does, so a local run survives what a deployed one survives: a child that exits on
+its own is started again after a back-off (0.5 s doubling to 8 s), under the same name and
+worker id (a worker re-registers as itself; the learner resumes from its last checkpoint), the
+coordinator on the same port (workers were given its URL) and always with `--resume` (it
+restores its snapshot from storage). After `--max-restarts` restarts of one child the run ends
+as crashed, as every crash did before supervision.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -29,6 +39,9 @@ from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
 _PR_SET_PDEATHSIG = 1
+# Restart back-off per child: the first restart waits this long, each next one twice as long.
+RESTART_DELAY_S = 0.5
+MAX_RESTART_DELAY_S = 8.0
 
 
 def _child_setup(nice: int) -> None:
@@ -58,6 +71,9 @@ class Child:
     proc: subprocess.Popen
     log_path: Path
     port: int
+    # What it was started with, so the supervisor can start it again alike.
+    args: list[str] = field(default_factory=list)
+    nice: int = 0
 
     @property
     def url(self) -> str:
@@ -69,12 +85,46 @@ class Child:
         except OSError:
             return "(no log)"
 
+    def exit_text(self) -> str:
+        return f"{self.name} (pid {self.proc.pid}) exited with code {self.proc.returncode}"
+
+
+@dataclass
+class Restart:
+    """One child started again: the exit that caused it and the child that replaced it."""
+    exited: str          # "<name> (pid N) exited with code C"
+    attempt: int         # 1 for the child's first restart
+    limit: int
+    child: Child
+
+    def __str__(self) -> str:
+        return f"{self.exited}: restarting ({self.attempt}/{self.limit})"
+
+
+class RestartsExhausted(ChildFailed):
+    """A child exited once more than `--max-restarts` allows: the run ends as crashed."""
+
+    def __init__(self, child: Child, restarts: int) -> None:
+        self.child = child
+        after = f" after {restarts} restarts" if restarts else ""
+        super().__init__(f"{child.exit_text()}{after}")
+
+
+def restart_delay(restarts: int) -> float:
+    """Seconds to wait before a child's next restart, given how often it was restarted: a
+    child that dies at once again and again must not spin the machine (or flood its log)."""
+    return min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * 2 ** restarts)
+
 
 class LocalCluster:
     def __init__(self, config_path: Path, run_dir: Path, storage: str,
-                 collector_nice: int = 0, resume: bool = False) -> None:
+                 collector_nice: int = 0, resume: bool = False, max_restarts: int = 0) -> None:
         self.collector_nice = collector_nice
         self.resume = resume
+        self.max_restarts = max_restarts
+        self.restarts: Counter[str] = Counter()  # by child name
+        self._restart_due: dict[str, float] = {}  # name -> when its pending restart may run
+        self.stopping = False  # shutting down, or the run is over: no more restarts
         self.config_path = config_path
         self.run_dir = run_dir
         self.storage = storage
@@ -87,7 +137,9 @@ class LocalCluster:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLFLEET_COORDINATOR", None)
 
-    def _spawn(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
+    def _launch(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
+        """Start one process; its output goes to <run-dir>/logs/<name>.log (appended, so a
+        restarted child continues the same log)."""
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
@@ -95,15 +147,21 @@ class LocalCluster:
                                 preexec_fn=functools.partial(_child_setup, nice),
                                 cwd=os.getcwd())
         log.close()
-        child = Child(name, role, proc, log_path, port)
+        return Child(name, role, proc, log_path, port, args, nice)
+
+    def _spawn(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
+        child = self._launch(name, role, args, port, nice)
         self.children.append(child)
         return child
 
+    def _coordinator_args(self, resume: bool) -> list[str]:
+        return ["--config", str(self.config_path), "--run-dir", str(self.run_dir),
+                "--storage", self.storage, *(["--resume"] if resume else [])]
+
     def start_coordinator(self, timeout_s: float = 60.0) -> Child:
         port = free_port()
-        self.coordinator = self._spawn("coordinator", "coordinator", [
-            "--config", str(self.config_path), "--run-dir", str(self.run_dir),
-            "--storage", self.storage, *(["--resume"] if self.resume else [])], port)
+        self.coordinator = self._spawn("coordinator", "coordinator",
+                                       self._coordinator_args(self.resume), port)
         client = HttpClient(self.coordinator.url, timeout_s=2, retries=0)
         deadline = time.monotonic() + timeout_s
         try:
@@ -135,17 +193,58 @@ class LocalCluster:
         return self._spawn(name, "collector", [*self._worker_args(), "--worker-id", name],
                            free_port(), nice=self.collector_nice)
 
+    def exited(self) -> list[Child]:
+        """Children that exited on their own (drained collectors are expected to exit)."""
+        return [c for c in self.children if c.proc.poll() is not None and c not in self.retired]
+
     def crashed(self) -> Child | None:
-        """A child that exited on its own (drained collectors are expected to exit)."""
-        for child in self.children:
-            if child.proc.poll() is not None and child not in self.retired:
-                return child
-        return None
+        """A child that exited on its own, if any (for callers that do not supervise)."""
+        exited = self.exited()
+        return exited[0] if exited else None
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def restart_crashed(self, now: float | None = None) -> list[Restart]:
+        """Start again every child that exited on its own and whose back-off has passed;
+        what was restarted. Raises `RestartsExhausted` for a child that exited once more
+        than `max_restarts` allows. Nothing is restarted once `stopping` is set."""
+        if self.stopping:
+            return []
+        now = time.monotonic() if now is None else now
+        done = []
+        for child in self.exited():
+            if self.restarts[child.name] >= self.max_restarts:
+                raise RestartsExhausted(child, self.restarts[child.name])
+            due = self._restart_due.setdefault(
+                child.name, now + restart_delay(self.restarts[child.name]))
+            if now >= due:
+                done.append(self._restart(child))
+        return done
+
+    def _restart(self, old: Child) -> Restart:
+        """The same command again, in the same place in `children`: a worker on a new free
+        port (it registers its new URL under its old id), the coordinator on its old port
+        (every worker was given that URL) and with `--resume`, always: it restores the run
+        from storage, or starts fresh where no snapshot was written yet."""
+        self.restarts[old.name] += 1
+        self._restart_due.pop(old.name, None)
+        attempt = self.restarts[old.name]
+        exited = old.exit_text()
+        with open(old.log_path, "a") as log:
+            log.write(f"--- rlfleet up: {exited}: restarting ({attempt}/{self.max_restarts}) "
+                      "---\n")
+        if old is self.coordinator:
+            args = self._coordinator_args(resume=True)
+            new = self.coordinator = self._launch(old.name, old.role, args, old.port)
+        else:
+            new = self._launch(old.name, old.role, old.args, free_port(), old.nice)
+        self.children[self.children.index(old)] = new
+        return Restart(exited, attempt, self.max_restarts, new)
 
     def collectors(self) -> list[Child]:
-        """Collectors running and not being drained, oldest first."""
-        return [c for c in self.children if c.role == "collector" and c not in self.retired
-                and c.proc.poll() is None]
+        """Collectors not being drained, oldest first. One that crashed counts: it is about to
+        be restarted, and scaling must not start another in its place."""
+        return [c for c in self.children if c.role == "collector" and c not in self.retired]
 
     def retire_collector(self) -> Child | None:
         """Drain the newest collector: SIGTERM makes it finish its chunk, write and report
@@ -183,6 +282,7 @@ class LocalCluster:
                 child.proc.wait()
 
     def shutdown(self) -> None:
+        self.stopping = True
         workers = [c for c in self.children if c is not self.coordinator]
         self.stop(workers)
         if self.coordinator is not None:
@@ -245,6 +345,54 @@ def _progress_text(status: dict, elapsed: float) -> str:
             f"eval {ev_txt:>6}  collectors {alive}")
 
 
+Say = Callable[[str], None]  # prints one line (rich markup) to the console
+
+
+class StatusPoller:
+    """Reads the run's status for the watch loop. While the coordinator is down (crashed and
+    being restarted) reads fail: that is an outage to wait out, not the end of the run, and
+    it is said once when it starts and once when it ends, not on every poll."""
+
+    def __init__(self, url: str, say: Say) -> None:
+        self.client = HttpClient(url, timeout_s=5, retries=2)
+        self.say = say
+        self.down_since: float | None = None
+
+    def poll(self) -> dict | None:
+        try:
+            status = self.client.get(f"{API}/status")
+        except HttpError as err:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+                self.say(f"[yellow]coordinator status unavailable: {err}[/]")
+            return None
+        if self.down_since is not None:
+            self.say(f"coordinator status available again after "
+                     f"{time.monotonic() - self.down_since:.1f} s")
+            self.down_since = None
+        return status
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _supervise(cluster: LocalCluster, say: Say) -> None:
+    """Restart whatever crashed (raises `RestartsExhausted` past the limit)."""
+    for restart in cluster.restart_crashed():
+        say(f"[yellow]{restart}[/]")
+
+
+def _scale(cluster: LocalCluster, status: dict, say: Say) -> None:
+    """Start or drain collectors to match what `rlfleet scale` asked the run for."""
+    desired = status["run"].get("collectors_desired")
+    if desired is None or desired == len(cluster.collectors()):
+        return
+    added, retired = cluster.reconcile(desired)
+    if added or retired:
+        say(f"scaling to {desired} collectors: started {[c.name for c in added]}, "
+            f"draining {[c.name for c in retired]}")
+
+
 def up(args) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -254,9 +402,10 @@ def up(args) -> int:
     resume = getattr(args, "resume", False)
     config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
     cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice,
-                           resume=resume)
+                           resume=resume, max_restarts=args.max_restarts)
     started = time.monotonic()
     status: dict | None = None
+    poller: StatusPoller | None = None
     outcome, code, error = "stopped", 3, None
 
     interrupted = False
@@ -271,7 +420,7 @@ def up(args) -> int:
                   f"{args.collectors} collectors, storage {storage}, run dir {run_dir}")
     try:
         cluster.start_coordinator()
-        client = HttpClient(cluster.coordinator.url, timeout_s=5, retries=2)
+        poller = StatusPoller(cluster.coordinator.url, console.print)
         cluster.start_learner()
         for _ in range(args.collectors):
             cluster.add_collector()
@@ -283,27 +432,13 @@ def up(args) -> int:
                 if interrupted:
                     outcome, code, error = "interrupted", 130, "interrupted by signal"
                     break
-                dead = cluster.crashed()
-                if dead is not None:
-                    outcome, code = "crashed", 1
-                    error = (f"{dead.name} (pid {dead.proc.pid}) exited with code "
-                             f"{dead.proc.returncode}")
-                    console.print(f"[red]{error}[/]; last lines of {dead.log_path}:\n"
-                                  f"{dead.tail()}")
-                    break
-                try:
-                    status = client.get(f"{API}/status")
-                except HttpError as err:
-                    console.print(f"[yellow]coordinator status unavailable: {err}[/]")
+                _supervise(cluster, console.print)
+                polled = poller.poll()
+                if polled is None:
                     time.sleep(0.5)
                     continue
-                desired = status["run"].get("collectors_desired")
-                if desired is not None and desired != len(cluster.collectors()):
-                    added, retired = cluster.reconcile(desired)
-                    if added or retired:
-                        console.print(f"scaling to {desired} collectors: "
-                                      f"started {[c.name for c in added]}, "
-                                      f"draining {[c.name for c in retired]}")
+                status = polled
+                _scale(cluster, status, console.print)
                 line = _progress_text(status, time.monotonic() - started)
                 if live_ok:
                     live.update(Text(line))
@@ -311,22 +446,28 @@ def up(args) -> int:
                     print(line, file=sys.stderr, flush=True)
                     last_print = time.monotonic()
                 if status["run"]["state"] == "stopped":
+                    cluster.stopping = True  # workers may leave now: no restarts
                     solved = status["run"]["solved"]
                     outcome, code = ("solved", 0) if solved else ("stopped", 3)
                     console.print(f"run stopped: {status['run']['stop_reason']}")
                     break
                 time.sleep(0.25)
-        client.close()
+    except RestartsExhausted as err:
+        outcome, code, error = "crashed", 1, str(err)
+        console.print(f"[red]{error}[/] (--max-restarts {cluster.max_restarts}); last lines "
+                      f"of {err.child.log_path}:\n{err.child.tail()}")
     except ChildFailed as err:
         outcome, code, error = "crashed", 1, str(err)
         console.print(f"[red]{err}[/]")
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+        if poller is not None:
+            poller.close()
         _save_evaluations(cluster, run_dir)
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,
-                       run_dir, cfg)
+                       run_dir, cfg, dict(cluster.restarts))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"summary: {run_dir / 'summary.json'}: solved={summary['solved']} "
                   f"eval_return={_fmt(summary['eval_return'])} env_steps={summary['env_steps']} "
@@ -356,7 +497,8 @@ def _fmt(value: float | None) -> str:
 
 
 def _summary(status: dict | None, outcome: str, error: str | None, wall: float, args,
-             storage: str, args_run_dir: Path | None = None, cfg: dict | None = None) -> dict:
+             storage: str, args_run_dir: Path | None = None, cfg: dict | None = None,
+             restarts: dict[str, int] | None = None) -> dict:
     s = status or {}
     counters = s.get("counters", {})
     latest = s.get("latest_evaluation") or {}
@@ -383,6 +525,7 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "run_seconds": s.get("run", {}).get("wall_seconds"),
         "first_chunk_seconds": s.get("run", {}).get("first_chunk_s"),
         "collectors": args.collectors,
+        "restarts": restarts or {},  # by child name: how often the launcher restarted it
         "seed": args.seed,
         "storage": storage,
         "config": str(args.config),

@@ -19,14 +19,18 @@ def evaluated_blob(task_id: str) -> str:
     return f"evaluated-{task_id}"
 
 
-def open_storage(url: str, namespace: str = "run") -> Storage:
+def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = None
+                 ) -> Storage:
     """`redis://host:port/db` gives Redis (keys under `rlfleet:<namespace>:`); anything else
     (a path, or `file:///path`) gives a directory.
 
     `RLFLEET_STORAGE_RETRY_S` sets how long Redis calls ride out an outage before failing
-    (default 15 s): an operator tunes it per deployment without touching the run's config."""
+    (default 15 s): an operator tunes it per deployment without touching the run's config.
+    `max_retry_s` caps it for a caller with a better plan than waiting (a collector holds
+    its chunks and goes on collecting)."""
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStorage(url, namespace, retry_s=_retry_s())
+        retry_s = _retry_s() if max_retry_s is None else min(_retry_s(), max_retry_s)
+        return RedisStorage(url, namespace, retry_s=retry_s)
     if url.startswith("file://"):
         url = url[len("file://"):]
     return DirectoryStorage(url)

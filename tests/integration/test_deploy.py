@@ -362,6 +362,51 @@ def test_every_rlfleet_container_reads_the_token_secret():
         assert ref["name"] == TOKEN_SECRET and ref["key"] in keys, role
 
 
+# -- crashes and restarts (issue 7) ---------------------------------------------------------
+
+def redis_appendonly(argv: list[str]) -> dict[str, str]:
+    """`redis-server --appendonly yes --appendfsync everysec` as {option: value}."""
+    assert argv and argv[0] == "redis-server", argv
+    words = argv[1:]
+    return {words[i].removeprefix("--"): words[i + 1] for i in range(0, len(words) - 1, 2)}
+
+
+@pytest.mark.parametrize("where", ["compose", "k8s"])
+def test_coordinator_resumes_its_run_when_restarted(where: str,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    """A restarted coordinator container or pod must restore the run from storage, not start
+    a new one beside the workers still training the old one."""
+    if where == "compose":
+        service = compose()["services"]["coordinator"]
+        argv, env = compose_argv(service), compose_env(service)
+    else:
+        container = k8s_container("coordinator")
+        argv, env = k8s_argv(container), k8s_env(container)
+    assert parse(argv, env, monkeypatch).resume is True, f"{where}: no --resume"
+
+
+def test_compose_restarts_every_rlfleet_service_whatever_its_exit_code():
+    """A role whose loop dies stops its server with exit code 0 (services/serve.py), which
+    `restart: on-failure` would leave stopped."""
+    services = compose()["services"]
+    for name in (*ROLES, "redis"):
+        assert services[name].get("restart") in ("unless-stopped", "always"), name
+
+
+def test_redis_persists_with_the_append_only_file():
+    """Without AOF a restarted Redis comes back without what rlfleet was told is written."""
+    redis = compose()["services"]["redis"]
+    assert redis_appendonly(redis["command"])["appendonly"] == "yes"
+    assert any(v.split(":")[1] == "/data" for v in redis["volumes"]), "compose: no /data volume"
+    container = k8s_container("redis")
+    assert redis_appendonly(k8s_argv(container))["appendonly"] == "yes"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/data"]
+    spec = k8s_object("Deployment", "redis")["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    assert k8s_object("PersistentVolumeClaim", claim)["spec"]["resources"]["requests"]
+
+
 # -- services/Dockerfile ------------------------------------------------------------------
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

@@ -1,0 +1,336 @@
+"""Chaos: a real `rlfleet up` run trains CartPole while, at moments drawn from a seed, a
+collector, the learner and the coordinator are SIGKILLed (and, with the Redis backend,
+Redis is killed and started again). After each fault the run must carry on; throughout,
+the ledger must balance and no buffer may index a chunk twice; at the end the run must
+reach its stop value.
+
+The seed is `RLFLEET_CHAOS_SEED` (default 7), printed with every failure, so a failing
+schedule can be replayed. Faults are placed by env steps (the run's own clock), each after
+the previous one has recovered, so the schedule does not depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+from integration.helpers import (
+    BASE_CONFIG,
+    Up,
+    _merge,
+    free_port,
+    proc_cmdline,
+    wait_for,
+)
+
+SEED = int(os.environ.get("RLFLEET_CHAOS_SEED", "7"))
+API = "/api/v1"
+
+
+def chaos_config(path: Path, storage: str) -> Path:
+    import yaml
+
+    data = yaml.safe_load(BASE_CONFIG.read_text())
+    data = _merge(data, {
+        "storage": storage,
+        # Fast failure detection and frequent snapshots: recoveries within seconds.
+        "coordinator": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 3.0,
+                        "snapshot_interval_s": 2.0, "gc_interval_s": 2.0,
+                        "orphan_grace_s": 10.0},
+        "checkpoint": {"every_train_iterations": 200},
+        "stop": {"max_wall_s": 300},
+    })
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# -- the run under test ----------------------------------------------------------------------
+
+class Run:
+    """`rlfleet up` plus what the test needs to reach into it: its processes by role, and
+    its coordinator's HTTP API."""
+
+    def __init__(self, up: Up, run_dir: Path) -> None:
+        self.up = up
+        self.run_dir = run_dir
+        self.http = requests.Session()
+        self._url: str | None = None
+
+    def pids(self, role: str, worker_id: str | None = None) -> list[int]:
+        """The role's processes (a gunicorn master and its worker share one command line)."""
+        out = []
+        for pid in self.up.descendants():
+            cmd = proc_cmdline(pid) + " "
+            if f"services.cli {role} " not in cmd:
+                continue
+            if worker_id is not None and f"--worker-id {worker_id} " not in cmd:
+                continue
+            out.append(pid)
+        return out
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            def find() -> str | None:
+                for pid in self.pids("coordinator"):
+                    args = proc_cmdline(pid).split()
+                    return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+                return None
+            self._url = wait_for(find, 60, "the coordinator process")
+        return self._url
+
+    def status(self) -> dict:
+        r = self.http.get(f"{self.url}{API}/status", timeout=3)
+        r.raise_for_status()
+        return r.json()
+
+    def get(self, path: str) -> dict:
+        r = self.http.get(f"{self.url}{API}{path}", timeout=3)
+        r.raise_for_status()
+        return r.json()
+
+    def kill(self, role: str, worker_id: str | None = None) -> list[int]:
+        """SIGKILL every process of the role at once: a crash, not a shutdown (killing only
+        a gunicorn master lets its worker exit cleanly)."""
+        pids = self.pids(role, worker_id)
+        assert pids, f"no {role} {worker_id or ''} process to kill"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def worker(self, status: dict, worker_id: str) -> dict | None:
+        return next((w for w in status["workers"] if w["worker_id"] == worker_id), None)
+
+
+@dataclass
+class Monitor:
+    """Polls /status all along: every answer must show a balanced ledger and no chunk
+    indexed twice; the buffer's chunk list is checked for repeats now and then."""
+
+    run: Run
+    violations: list[str] = field(default_factory=list)
+    answers: int = 0
+    chunk_checks: int = 0
+    acknowledged: int = 0  # the highest ever seen: it must never go down
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> Monitor:
+        threading.Thread(target=self._loop, daemon=True, name="chaos-monitor").start()
+        return self
+
+    def _loop(self) -> None:
+        n = 0
+        while not self.stop.wait(0.2):
+            try:
+                s = self.run.status()
+            except (requests.RequestException, ValueError):
+                continue  # the coordinator is down: that is the point
+            self.answers += 1
+            self.check(s)
+            n += 1
+            if n % 10 == 0:
+                self.check_chunks()
+
+    def check(self, s: dict) -> None:
+        ledger = s["ledger"]
+        if not ledger["balanced"]:
+            self.violations.append(f"unbalanced ledger: {ledger}")
+        if any(ledger["duplicate_chunks"].values()):
+            self.violations.append(f"chunk indexed twice: {ledger['duplicate_chunks']}")
+        if ledger["acknowledged"] < self.acknowledged:
+            self.violations.append(f"acknowledged went down from {self.acknowledged}: "
+                                   f"{ledger}")
+        self.acknowledged = max(self.acknowledged, ledger["acknowledged"])
+
+    def check_chunks(self) -> None:
+        try:
+            ids = self.run.get("/buffers/replay/chunks")["chunk_ids"]
+        except (requests.RequestException, ValueError):
+            return
+        self.chunk_checks += 1
+        if len(ids) != len(set(ids)):
+            self.violations.append(f"{len(ids) - len(set(ids))} chunk ids twice in replay")
+
+
+# -- Redis of the test's own -----------------------------------------------------------------
+
+class OwnRedis:
+    """redis-server on a free port with an append-only file synced on every write, so a
+    SIGKILL loses nothing acknowledged; restarted on the same port and directory."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.dir = free_port(), workdir
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        wait_for(lambda: _pong(client), 20, "redis-server to answer PING")
+        client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _pong(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+def _env_steps(run: Run) -> int:
+    return run.status()["counters"]["env_steps"]
+
+
+def carries_on(run: Run, what: str, timeout: float = 60) -> None:
+    """Env steps and train iterations both move on from where they are now."""
+    start = wait_for(run.status, timeout, f"the coordinator to answer after {what}")
+    e0, i0 = start["counters"]["env_steps"], start["counters"]["train_iterations"]
+
+    def moved() -> bool:
+        c = run.status()["counters"]
+        return c["env_steps"] >= e0 + 1000 and c["train_iterations"] >= i0 + 50
+
+    wait_for(moved, timeout, f"the run to carry on after {what} (seed {SEED})")
+
+
+def all_alive(run: Run, registrations: dict[str, int]) -> dict:
+    s = run.status()
+    alive = {w["worker_id"]: w for w in s["workers"] if w["state"] == "alive"}
+    if not {"learner", "collector-1", "collector-2"} <= set(alive):
+        return {}
+    if any(alive[w]["registrations"] < n for w, n in registrations.items()):
+        return {}
+    return s
+
+
+def kill_collector(run: Run, rng: random.Random) -> str:
+    victim = rng.choice(["collector-1", "collector-2"])
+    before = run.worker(run.status(), victim)["registrations"]
+    run.kill("collector", victim)
+    wait_for(lambda: all_alive(run, {victim: before + 1}), 60,
+             f"{victim} restarted and registered again (seed {SEED})")
+    return victim
+
+
+def kill_learner(run: Run, rng: random.Random) -> str:
+    s = run.status()
+    before, version = run.worker(s, "learner")["registrations"], s["counters"]["policy_version"]
+    run.kill("learner")
+    wait_for(lambda: all_alive(run, {"learner": before + 1}), 90,
+             f"the learner restarted and registered again (seed {SEED})")
+    wait_for(lambda: run.status()["counters"]["policy_version"] > version, 60,
+             f"a policy version newer than {version} after the learner's restart")
+    return "learner"
+
+
+def kill_coordinator(run: Run, monitor: Monitor, rng: random.Random) -> str:
+    acknowledged = run.status()["ledger"]["acknowledged"]
+    run.kill("coordinator")
+    s = wait_for(lambda: all_alive(run, {}), 90,
+                 f"the coordinator back and every worker registered with it (seed {SEED})")
+    # Everything acknowledged before the kill is still accounted for.
+    assert s["ledger"]["acknowledged"] >= acknowledged, (acknowledged, s["ledger"])
+    return "coordinator"
+
+
+def restart_redis(run: Run, server: OwnRedis, rng: random.Random) -> str:
+    server.kill()
+    outage = rng.uniform(0.5, 2.0)
+    time.sleep(outage)  # the outage itself: nothing to wait for, it is the fault
+    server.start()
+    return "redis"
+
+
+# -- the suite ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["directory", "redis"])
+def test_the_run_survives_every_role_being_killed(tmp_path, launch, backend):
+    rng = random.Random(f"{SEED}-{backend}")
+    server = None
+    if backend == "redis":
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        server = OwnRedis(tmp_path)
+        server.start()
+        storage = server.url
+    else:
+        storage = str(tmp_path / "run" / "storage")
+    run_dir = tmp_path / "run"
+    config = chaos_config(tmp_path / "chaos.yaml", storage)
+    up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
+                "--quiet", "--max-restarts", "5")
+    run = Run(up, run_dir)
+    monitor = Monitor(run)
+    try:
+        wait_for(lambda: _env_steps(run) > 0, 90, "the first chunk")
+        monitor.start()
+        faults = ["collector", "learner", "coordinator"] + (["redis"] if server else [])
+        rng.shuffle(faults)
+        done: list[str] = []
+        for i, fault in enumerate(faults):
+            at = 2000 + 3000 * i + rng.randrange(1500)
+            wait_for(lambda at=at: _env_steps(run) >= at, 120,
+                     f"env step {at} for fault {fault} (seed {SEED})")
+            assert up.proc.poll() is None, f"the run ended before the {fault} fault: " \
+                f"{up.proc.returncode}, seed {SEED}, done {done}"
+            if fault == "collector":
+                victim = kill_collector(run, rng)
+            elif fault == "learner":
+                victim = kill_learner(run, rng)
+            elif fault == "coordinator":
+                victim = kill_coordinator(run, monitor, rng)
+            else:
+                assert server is not None
+                victim = restart_redis(run, server, rng)
+            carries_on(run, f"killing {victim}")
+            done.append(victim)
+        code = up.wait(240)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert code == 0 and summary["solved"], (
+            f"seed {SEED}: exit {code}, faults {done}, summary {summary}\n{up.stderr[-3000:]}")
+        # Each killed role was restarted once; Redis's restart restarted no role.
+        expected = {v: 1 for v in done if v != "redis"}
+        assert summary["restarts"] == expected, (summary["restarts"], done)
+        logs = run_dir / "logs"
+        # The coordinator came back from storage, not from nothing; the learner from its
+        # checkpoint.
+        assert "restored run at" in (logs / "coordinator.log").read_text()
+        assert "resumed from checkpoint at train iteration" in \
+            (logs / "learner.log").read_text()
+    finally:
+        monitor.stop.set()
+        if up.proc.poll() is None:
+            up.proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(Exception):
+            up.wait(60)
+        if server is not None:
+            server.kill()
+    assert not monitor.violations, f"seed {SEED}: {monitor.violations[:5]}"
+    assert monitor.answers > 20 and monitor.chunk_checks > 2, (monitor.answers,
+                                                                monitor.chunk_checks)
