@@ -59,6 +59,7 @@ class CoordinatorCollector:
             env_steps, iterations = c.env_steps, c.train_iterations
             version, accepted, episodes = c.policy_version, c.chunks_accepted, c.episodes
             solved, stopped = c.solved, c.stopped
+            released = dict(c.replay.released_by)
         latest = c.evaluations[-1] if c.evaluations else None  # a deque: [-1] is atomic
 
         alive = GaugeMetricFamily("rlfleet_workers_alive", "Workers alive, by role.",
@@ -90,6 +91,16 @@ class CoordinatorCollector:
                                   value=accepted)
         yield CounterMetricFamily("rlfleet_episodes_total",
                                   "Episodes finished in accepted chunks.", value=episodes)
+        gone = CounterMetricFamily("rlfleet_chunks_released_total",
+                                   "Acknowledged chunks no buffer holds any more, by reason "
+                                   "(evicted, consumed, dropped/<why>): the ledger.",
+                                   labels=["reason"])
+        for reason, n in sorted(released.items()):
+            gone.add_metric([reason], n)
+        yield gone
+        yield CounterMetricFamily("rlfleet_chunks_orphaned_total",
+                                  "Chunks written but never announced, deleted by GC.",
+                                  value=c.orphans_deleted)
 
         if latest is not None:  # absent, not 0, before the first evaluation
             ev = GaugeMetricFamily("rlfleet_eval_return_mean",

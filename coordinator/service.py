@@ -623,6 +623,7 @@ class Coordinator:
         """The `info` scope: buffers, counters and the cluster, flat."""
         with self._cond:
             buffers = self.replay.stats()
+            ledger = self.replay.ledger(self.chunks_accepted)
             counters = {"env_steps": self.env_steps,
                         "frames": self.env_steps * self.cfg.env.frame_skip,
                         "train_iterations": self.train_iterations,
@@ -630,6 +631,10 @@ class Coordinator:
                         "chunks_accepted": self.chunks_accepted, "episodes": self.episodes}
         out = buffer_metrics(buffers)
         out.update({f"counters/{k}": float(v) for k, v in counters.items()})
+        for key in ("acknowledged", "in_buffers", "evicted", "consumed"):
+            out[f"ledger/{key}"] = float(ledger[key])
+        out.update({f"ledger/dropped/{k}": float(v) for k, v in ledger["dropped"].items()})
+        out["ledger/orphans_deleted"] = float(self.orphans_deleted)
         for role in (Role.COLLECTOR, Role.LEARNER):
             out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
         active = [r for r in self.tasks.all() if r.active]

@@ -14,6 +14,7 @@ from .helpers import (
     HTTP,
     TIMEOUT,
     CoordinatorProc,
+    buffer_config,
     collector_and_learner,
     ok,
     post,
@@ -140,6 +141,20 @@ def test_run_state_follows_workers_chunks_and_learning(coordinator, task_sink):
     s = scrape(c)
     assert value(s, "rlfleet_workers_alive", role="collector") == 0
     assert value(s, "rlfleet_workers_alive", role="learner") == 1
+
+
+def test_the_ledger_is_exported_by_reason(coordinator, task_sink):
+    c = coordinator(buffers={"replay": buffer_config(capacity=100,
+                                                     rate_limit={"min_size": 1})})
+    col, collect, _, _ = collector_and_learner(c, task_sink)
+    for _ in range(4):
+        ok(report(c, col["worker_id"], collect["task_id"], [(write_chunk(c, 40), 40)]))
+    ledger = c.status()["ledger"]
+    s = scrape(c)
+    assert ledger["evicted"] == 1  # 160 rows into 100: the first chunk is wholly gone
+    assert value(s, "rlfleet_chunks_released_total", reason="evicted") == 1
+    assert value(s, "rlfleet_chunks_accepted_total") == ledger["acknowledged"] == 4
+    assert value(s, "rlfleet_chunks_orphaned_total") == 0
 
 
 def test_evaluation_gauges_and_solving(coordinator, task_sink):
