@@ -333,6 +333,9 @@ def test_k8s_workers_advertise_their_pod_ip(role: str):
     assert names.index("POD_IP") < names.index("RLFLEET_ADVERTISE_URL"), \
         "$(POD_IP) expands only after POD_IP is defined"
     assert advertise["value"] == f"http://$(POD_IP):{ROLES[role]}"
+    # the pod's name is its worker id: a restarted container takes its own task back
+    worker_id = env[names.index("RLFLEET_WORKER_ID")]
+    assert worker_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_k8s_coordinator_and_collector_shape():
