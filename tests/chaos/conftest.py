@@ -1,20 +1,4 @@
-"""Fixtures of the chaos suite: `rlfleet up` runs that are stopped and swept up afterwards."""
+"""Fixtures of the chaos suite: the integration suite's `launch` (rlfleet up runs that are
+swept up afterwards)."""
 
-from __future__ import annotations
-
-import pytest
-from integration.helpers import Up
-
-
-@pytest.fixture
-def launch():
-    started: list[Up] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> Up:
-        up = Up(*args, env=env)
-        started.append(up)
-        return up
-
-    yield start
-    for up in started:
-        up.kill_leftovers()
+from integration.conftest import launch  # noqa: F401 - a fixture, found by name

@@ -17,23 +17,21 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import redis
 import requests
 from integration.helpers import (
     BASE_CONFIG,
     Up,
     _merge,
-    free_port,
     proc_cmdline,
     wait_for,
 )
+from redis_server import RedisServer
 
 SEED = int(os.environ.get("RLFLEET_CHAOS_SEED", "7"))
 API = "/api/v1"
@@ -167,40 +165,6 @@ class Monitor:
 
 # -- Redis of the test's own -----------------------------------------------------------------
 
-class OwnRedis:
-    """redis-server on a free port with an append-only file synced on every write, so a
-    SIGKILL loses nothing acknowledged; restarted on the same port and directory."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port, self.dir = free_port(), workdir
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        wait_for(lambda: _pong(client), 20, "redis-server to answer PING")
-        client.close()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-def _pong(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 # -- faults ------------------------------------------------------------------------------------
 
 def _env_steps(run: Run) -> int:
@@ -259,7 +223,7 @@ def kill_coordinator(run: Run, monitor: Monitor, rng: random.Random) -> str:
     return "coordinator"
 
 
-def restart_redis(run: Run, server: OwnRedis, rng: random.Random) -> str:
+def restart_redis(run: Run, server: RedisServer, rng: random.Random) -> str:
     server.kill()
     outage = rng.uniform(0.5, 2.0)
     time.sleep(outage)  # the outage itself: nothing to wait for, it is the fault
@@ -276,7 +240,7 @@ def test_the_run_survives_every_role_being_killed(tmp_path, launch, backend):
     if backend == "redis":
         if shutil.which("redis-server") is None:
             pytest.skip("redis-server is not installed")
-        server = OwnRedis(tmp_path)
+        server = RedisServer(tmp_path)
         server.start()
         storage = server.url
     else:
@@ -330,7 +294,7 @@ def test_the_run_survives_every_role_being_killed(tmp_path, launch, backend):
         with contextlib.suppress(Exception):
             up.wait(60)
         if server is not None:
-            server.kill()
+            server.close()
     assert not monitor.violations, f"seed {SEED}: {monitor.violations[:5]}"
     assert monitor.answers > 20 and monitor.chunk_checks > 2, (monitor.answers,
                                                                 monitor.chunk_checks)

@@ -6,13 +6,13 @@ storage outage answered with 503 that changes nothing. Every wait has a deadline
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+from redis_server import RedisServer
 
 from shared.storage import DirectoryStorage
 
@@ -22,7 +22,6 @@ from .helpers import (
     CoordinatorProc,
     buffer_config,
     collector_and_learner,
-    free_port,
     get,
     kill_tree,
     make_config,
@@ -368,47 +367,16 @@ def test_a_restarted_coordinator_gives_workers_their_tasks_back(coordinator_pool
 
 # -- storage outage -----------------------------------------------------------------------------
 
-class OwnRedis:
-    """A redis-server of the test's own on a free port, with an append-only file, that can
-    be killed and started again on the same port and directory."""
-
-    def __init__(self, tmp: Path) -> None:
-        if shutil.which("redis-server") is None:
-            pytest.skip("redis-server is not installed")
-        self.port, self.dir = free_port(), tmp
-        self.proc: subprocess.Popen | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        wait_for(lambda: _pings(client), timeout_s=10, what="redis-server up")
-        client.close()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture
 def own_redis(tmp_path: Path):
-    server = OwnRedis(tmp_path)
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path)
     server.start()
     try:
         yield server
     finally:
-        server.kill()
+        server.close()
 
 
 def test_a_report_during_a_storage_outage_gets_503_and_changes_nothing(coordinator_pool,

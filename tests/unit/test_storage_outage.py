@@ -10,7 +10,6 @@ back; the collector's policy check fails with `StorageError`, which the service 
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
+from redis_server import RedisServer
 
 from collector.adder import StorageAdder
 from collector.service import CollectorService
@@ -31,63 +30,7 @@ from shared.envs import env_spec
 from shared.http import HttpClient
 from shared.storage import RedisStorage, StorageError
 
-from .helpers import closed_port, free_port, make_config, register, wait_for, wait_running
-
-
-class RedisServer:
-    """A `redis-server` process of one test, on a fixed port so a restart keeps the URL.
-
-    Every write is fsynced to its append-only file before the reply (`appendfsync always`),
-    so a SIGKILL loses nothing the server acknowledged."""
-
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.password = password
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        assert self.proc is None, "already running"
-        self.starts += 1
-        with open(self.workdir / f"redis-{self.starts}.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                 "--dir", str(self.workdir),
-                 *(["--requirepass", self.password] if self.password else [])],
-                stdout=log, stderr=subprocess.STDOUT)
-        ping = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
-        try:
-            wait_for(lambda: self._answers(ping), timeout_s=10, what="redis-server to answer PING")
-        finally:
-            ping.close()
-
-    def _answers(self, client: redis.Redis) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"redis-server exited with {self.proc.returncode}: "
-                                 f"{(self.workdir / f'redis-{self.starts}.log').read_text()}")
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final save; only what was fsynced survives."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc = None
-
-    def restart(self) -> None:
-        if self.proc is not None:
-            self.kill()
-        self.start()
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.kill()
+from .helpers import closed_port, make_config, register, wait_for, wait_running
 
 
 @pytest.fixture
