@@ -595,7 +595,7 @@ class Coordinator:
             log.warning("worker %s missed heartbeats for %.1fs: marked dead", worker.worker_id,
                         self.members.timeout_s)
             self._worker_gone(worker, "worker died")
-        if self.tasks.active():
+        if self.tasks.any_unassigned():
             self._offer_unassigned()
         for rec in self.tasks.active(TaskKind.EVALUATE):
             if now - rec.created_at > EVAL_TIMEOUT_S:

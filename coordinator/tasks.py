@@ -68,6 +68,7 @@ class TaskTable:
         self._tasks: dict[str, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._unassigned: set[str] = set()  # ids waiting for a worker: checked every tick
 
     def new_id(self, kind: TaskKind) -> str:
         with self._lock:
@@ -91,6 +92,7 @@ class TaskTable:
         with self._lock:
             if rec.active:
                 rec.state, rec.error, rec.ended_at = state, error, time.monotonic()
+                self._unassigned.discard(task_id)
         return rec
 
     def active_for(self, worker_id: str) -> list[TaskRecord]:
@@ -105,7 +107,12 @@ class TaskTable:
         with self._lock:
             if rec.active:
                 rec.state, rec.error = TaskState.UNASSIGNED, reason
+                self._unassigned.add(task_id)
         return rec
+
+    def any_unassigned(self) -> bool:
+        with self._lock:
+            return bool(self._unassigned)
 
     def claim(self, worker_id: str, kind: TaskKind) -> TaskRecord | None:
         """A task of `kind` for this worker: its own live one (it restarted, or the
@@ -129,6 +136,7 @@ class TaskTable:
             if isinstance(rec.task, CollectTask):
                 rec.task = rec.task.model_copy(update={"seed": rec.task.seed + 1_000_003})
             rec.state, rec.error = TaskState.PENDING, None
+            self._unassigned.discard(rec.task_id)
             return rec
 
     def snapshot(self) -> dict:
@@ -150,6 +158,7 @@ class TaskTable:
                                  error="coordinator restarted",
                                  reassignments=int(item.get("reassignments", 0)))
                 self._tasks[rec.task_id] = rec
+                self._unassigned.add(rec.task_id)
                 records.append(rec)
         return records
 
