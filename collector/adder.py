@@ -9,10 +9,14 @@ and the coordinator ignores a chunk id it already holds, so a retry cannot count
 Storage may be down for a while (a Redis restart, a remounted volume). Then a chunk that could
 not be written is *held*: kept encoded in memory while a writer thread retries the held chunks,
 oldest first, with exponential backoff, and announces each once its write succeeded. New
-chunks queue behind the held ones, so chunks reach storage in the order they were made. At
-most `max_held_chunks` are held; then `add()` waits for room, which pauses collection rather
-than growing memory without bound. A held chunk was never announced, so losing it (the
-collector dies before storage comes back) loses nothing the coordinator counted.
+chunks queue behind the held ones, so chunks reach storage in the order they were made.
+
+At most `max_held_chunks` chunks are unacknowledged (held, or written but not yet acknowledged
+by the coordinator); then `add()` waits for room, which pauses collection rather than growing
+memory, storage or a backlog without bound: while the coordinator is down, a collector that
+went on would flood it with work made blind to the learner's pace when it returns. A held
+chunk was never announced, so losing it (the collector dies before storage comes back) loses
+nothing the coordinator counted.
 """
 
 from __future__ import annotations
@@ -95,7 +99,8 @@ class StorageAdder:
             episode_return_components: list[list[float]] | None = None) -> str:
         """Write a chunk (or hold it, if storage cannot take it now) and queue its metadata
         for announcement once written. Never raises `StorageError`; waits while
-        `max_held_chunks` are held, until there is room or the adder is stopping."""
+        `max_held_chunks` are unacknowledged, until there is room or the adder is
+        stopping."""
         chunk_id = uuid.uuid4().hex
         t0 = time.perf_counter()
         blob = encode_arrays(arrays, {"policy_version": str(policy_version),
@@ -113,8 +118,8 @@ class StorageAdder:
                 episode_return_components=episode_return_components or []))
 
         with self._cond:
-            self._cond.wait_for(lambda: len(self._held) < self.max_held_chunks
-                                or self._closing or self.stop.is_set())
+            self._cond.wait_for(lambda: len(self._held) + self._unreported
+                                < self.max_held_chunks or self._closing or self.stop.is_set())
             if self._held:  # keep write order: the writer takes it after those before it
                 self._held.append(encoded())
                 self._cond.notify_all()

@@ -154,7 +154,7 @@ class Replay:
         """Some receiving buffer's samplers are too far behind: collectors should wait."""
         for name in self.insert_into:
             m = self.buffers[name].monitor
-            if self.limiters[name].inserts_blocked(m.inserted_items, m.sampled_items):
+            if self.limiters[name].inserts_blocked(m.usable_items, m.sampled_items):
                 return True
         return False
 
@@ -192,7 +192,7 @@ class Replay:
             items = part.batch_size * (buf.sequence_length if isinstance(buf, EpisodeBuffer)
                                        else 1)
             grant = min(grant, self.limiters[part.buffer].grantable_batches(
-                items, len(buf), m.inserted_items, m.sampled_items))
+                items, len(buf), m.usable_items, m.sampled_items))
         return max(0, grant)
 
     def sample(self, plan: list[PartPlan], num_batches: int, train_iteration: int,

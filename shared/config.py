@@ -100,9 +100,10 @@ class CollectorConfig(_Frozen):
                                            "looks for a newer policy version")
     insert_into: tuple[str, ...] | None = Field(None, description="buffers that receive "
                                                 "collected chunks; null: all of them")
-    max_held_chunks: int = Field(64, ge=1, le=100_000, description="chunks a collector keeps "
-                                 "in memory while storage cannot take them (an outage); "
-                                 "collection waits while this many are held")
+    max_held_chunks: int = Field(64, ge=1, le=100_000, description="chunks a collector may "
+                                 "have unacknowledged: kept in memory while storage cannot "
+                                 "take them, or written while the coordinator cannot be "
+                                 "told; collection waits while this many are")
 
 
 class RateLimitConfig(_Frozen):

@@ -83,13 +83,14 @@ class HttpClient:
         attempts = (self.retries if retries is None else retries) + 1
         delay = self.backoff_s
         last: str = ""
+        last_status: int | None = None  # of the last answer, when retries ran out on one
         for attempt in range(attempts):
             try:
                 resp = self.session.request(
                     method, url, data=data, timeout=timeout_s or self.timeout_s,
                     headers={"Content-Type": "application/json"} if data is not None else None)
             except (requests.ConnectionError, requests.Timeout) as err:
-                last = f"{type(err).__name__}: {err}"
+                last, last_status = f"{type(err).__name__}: {err}", None
             else:
                 if resp.status_code < 400:
                     if response_model is not None:  # pydantic parses the bytes directly
@@ -101,6 +102,7 @@ class HttpClient:
                                     f"{body_json.get('error', body_json)}",
                                     resp.status_code, body_json)
                 last = f"{resp.status_code}: {body_json.get('error', body_json)}"
+                last_status = resp.status_code
                 retry_after = resp.headers.get("Retry-After")
                 if retry_after:
                     try:
@@ -110,7 +112,9 @@ class HttpClient:
             if attempt + 1 < attempts:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_backoff_s)
-        raise HttpError(f"{method} {url} failed after {attempts} attempts: {last}")
+        # The status goes with it: a caller tells "rate limited" (429) from "unreachable".
+        raise HttpError(f"{method} {url} failed after {attempts} attempts: {last}",
+                        last_status)
 
     def get(self, path: str, response_model: type[T] | None = None, **kw) -> Any:
         return self.request("GET", path, None, response_model, **kw)

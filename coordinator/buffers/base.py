@@ -77,6 +77,13 @@ class Monitor:
     lag_count: int = 0
     _window: deque = field(default_factory=lambda: deque(maxlen=120))
 
+    @property
+    def usable_items(self) -> int:
+        """Items inserted minus those dropped unused (overflow, policy lag, too short):
+        what a rate limiter balances samples against, since dropped items can never be
+        sampled and must not hold inserts back for ever."""
+        return self.inserted_items - sum(self.dropped.values())
+
     def tick(self) -> None:
         self._window.append((time.monotonic(), self.inserted_items, self.sampled_items))
 

@@ -34,13 +34,15 @@ from integration.helpers import (
 from redis_server import RedisServer
 
 SEED = int(os.environ.get("RLFLEET_CHAOS_SEED", "7"))
+# Another run to torture (say configs/cartpole-ppo.yaml); CI runs the default, DQN.
+CONFIG = Path(os.environ.get("RLFLEET_CHAOS_CONFIG", str(BASE_CONFIG)))
 API = "/api/v1"
 
 
 def chaos_config(path: Path, storage: str) -> Path:
     import yaml
 
-    data = yaml.safe_load(BASE_CONFIG.read_text())
+    data = yaml.safe_load(CONFIG.read_text())
     data = _merge(data, {
         "storage": storage,
         # Fast failure detection and frequent snapshots: recoveries within seconds.
@@ -155,12 +157,16 @@ class Monitor:
 
     def check_chunks(self) -> None:
         try:
-            ids = self.run.get("/buffers/replay/chunks")["chunk_ids"]
+            names = list(self.run.get("/buffers")["buffers"])
+            listed = {name: self.run.get(f"/buffers/{name}/chunks")["chunk_ids"]
+                      for name in names}
         except (requests.RequestException, ValueError):
             return
         self.chunk_checks += 1
-        if len(ids) != len(set(ids)):
-            self.violations.append(f"{len(ids) - len(set(ids))} chunk ids twice in replay")
+        for name, ids in listed.items():
+            if len(ids) != len(set(ids)):
+                self.violations.append(f"{len(ids) - len(set(ids))} chunk ids twice in "
+                                       f"{name}")
 
 
 # -- Redis of the test's own -----------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from learner.batching import assemble
 from shared.codec import decode_arrays
 from shared.config import parse_config
+from shared.http import HttpClient, HttpError
 from shared.schemas import SampleResponse
 from shared.storage import ChunkNotFound, DirectoryStorage
 
@@ -23,6 +24,7 @@ from .helpers import (
     TIMEOUT,
     CoordinatorProc,
     buffer_config,
+    closed_port,
     collector_and_learner,
     comparable_status,
     get,
@@ -186,6 +188,13 @@ def test_chunks_sampling_and_learn_info(coordinator, task_sink):
     assert early.status_code == 429, early.text
     assert float(early.headers["Retry-After"]) > 0
     assert early.json()["retry_after_s"] > 0 and early.json()["error"]
+    # our client, out of retries, still says it was a 429 (learners wait on it, quietly)
+    with pytest.raises(HttpError) as exhausted:
+        HttpClient(c.url, retries=0).post("/api/v1/sample", sample)
+    assert exhausted.value.status == 429
+    with pytest.raises(HttpError) as unreachable:
+        HttpClient(f"http://127.0.0.1:{closed_port()}", retries=0).get("/health")
+    assert unreachable.value.status is None
 
     more = {write_chunk(c, 128): 128}
     lengths.update(more)

@@ -5,15 +5,20 @@ storage outage answered with 503 that changes nothing. Every wait has a deadline
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 from redis_server import RedisServer
 
+from collector.adder import StorageAdder
+from shared.http import HttpClient
 from shared.storage import DirectoryStorage
 
 from .helpers import (
@@ -363,6 +368,71 @@ def test_a_restarted_coordinator_gives_workers_their_tasks_back(coordinator_pool
     register(c2, "collector", other)
     assert other.wait_task("collect")["task_id"] not in (collect["task_id"],
                                                          learn["task_id"])
+
+
+# -- a coordinator outage seen from a collector ---------------------------------------------
+
+def test_a_collector_pauses_while_the_coordinator_cannot_acknowledge(coordinator, task_sink,
+                                                                     tmp_path):
+    """A stopped (hung) coordinator: the adder writes `max_held_chunks` chunks, then waits
+    instead of piling up work the learner never asked for; once the coordinator answers,
+    everything is acknowledged and collection goes on."""
+    c = coordinator(coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0})
+    sink = task_sink()
+    worker_id = register(c, "collector", sink)["worker_id"]
+    task_id = sink.wait_task("collect")["task_id"]
+    wait_for(lambda: task(c, task_id)["state"] == "running", what="running")
+    adder = StorageAdder(DirectoryStorage(tmp_path / "s"), HttpClient(c.url, timeout_s=1,
+                                                                     retries=0),
+                         lambda: worker_id, lambda: task_id, report_interval_s=0.02,
+                         max_held_chunks=3)
+    added: list[str] = []
+
+    def collect() -> None:
+        for i in range(5):
+            added.append(adder.add(_rows(8), -1, [float(i)], [8]))
+
+    os.kill(c.proc.pid, signal.SIGSTOP)
+    try:
+        thread = threading.Thread(target=collect, daemon=True)
+        thread.start()
+        wait_for(lambda: len(added) == 3 and adder.chunks_written == 3, timeout_s=10,
+                 what="three chunks written, none acknowledged")
+        wait_for(lambda: adder.chunks_reported == 0 and thread.is_alive(), timeout_s=2,
+                 what="add() waiting")
+        assert len(added) == 3
+    finally:
+        os.kill(c.proc.pid, signal.SIGCONT)
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    wait_for(lambda: adder.chunks_reported == 5, timeout_s=20, what="all five acknowledged")
+    assert adder.close(timeout=5)
+    assert balanced(c)["acknowledged"] == 5
+
+
+def _rows(n: int) -> dict:
+    return {"obs": np.zeros((n, 4), np.float32), "action": np.zeros(n, np.int64),
+            "reward": np.ones(n, np.float32), "next_obs": np.zeros((n, 4), np.float32),
+            "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)}
+
+
+def test_chunks_dropped_unused_do_not_hold_collectors_back_for_ever(coordinator, task_sink):
+    """A flood of chunks (collectors that went on while the coordinator was down) overflows
+    a queue; the dropped rows will never be sampled, so the rate limiter balances samples
+    against the rows kept, and collectors may go on once the learner took those."""
+    c = coordinator(buffers={"q": buffer_config(kind="queue", capacity=1024, rate_limit={
+                        "min_size": 256, "samples_per_insert": 1, "error_buffer": 512})},
+                    learner={"mix": [{"buffer": "q", "fraction": 1.0}]},
+                    algo={"name": "ppo"})
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    resp = ok(report(c, col["worker_id"], collect["task_id"],
+                     [(uuid.uuid4().hex, 256) for _ in range(10)]))
+    assert resp["throttle_s"] > 0  # the learner has taken nothing yet
+    assert balanced(c)["dropped"] == {"overflow": 6}
+    taken = _take(c, lrn["worker_id"], "q")
+    assert len(taken) == 4
+    permit = ok(post(c, "/permits/collect", {"worker_id": col["worker_id"], "wait_s": 0}))
+    assert permit["granted"], "inserts stay blocked by rows that were dropped"
 
 
 # -- storage outage -----------------------------------------------------------------------------
