@@ -126,7 +126,7 @@ class Coordinator:
         self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
         self.best_evaluation: EvaluationResult | None = None
         self.best_policy_version: int | None = None
-        self.next_eval_at = cfg.eval.every_env_steps or 0
+        self.next_eval_at = max(cfg.eval.every_env_steps or 0, cfg.eval.start_env_steps)
         self.next_eval_iteration = cfg.eval.every_train_iterations or 0
         self.stop_reason: str | None = None
         self.solved = False
@@ -491,6 +491,8 @@ class Coordinator:
 
     def _evaluation_due(self) -> bool:
         ev = self.cfg.eval
+        if self.env_steps < ev.start_env_steps:
+            return False
         return ((ev.every_env_steps is not None and self.env_steps >= self.next_eval_at)
                 or (ev.every_train_iterations is not None
                     and self.train_iterations >= self.next_eval_iteration))

@@ -166,6 +166,9 @@ class EvalConfig(_Frozen):
                                         "env steps")
     every_train_iterations: int | None = Field(None, ge=1, description="or every this many "
                                                "train iterations (whichever comes first)")
+    start_env_steps: int = Field(0, ge=0, le=2**53 - 1, description="no evaluation before "
+                                 "this many env steps (a lucky early policy cannot end the "
+                                 "run before then)")
     stochastic: bool = Field(True, description="also run the same episodes with the "
                              "exploring policy, logged under eval/stochastic")
     episodes: int = Field(10, ge=1, le=1000)

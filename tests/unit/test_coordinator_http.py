@@ -349,6 +349,22 @@ def test_evaluations_can_follow_train_iterations(coordinator, task_sink):
     wait_for(lambda: len(col_sink.tasks("evaluate")) == 2, what="second evaluate task")
 
 
+def test_no_evaluation_before_start_env_steps(coordinator, task_sink):
+    c = coordinator(eval={"every_env_steps": 64, "start_env_steps": 512,
+                          "every_train_iterations": 1})
+    col_sink = task_sink()
+    col = register(c, "collector", col_sink)
+    lrn = register(c, "learner", task_sink())
+    collect = col_sink.wait_task("collect")
+    wait_running(c, collect["task_id"])
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 5,
+                               "policy_version": 0}))
+    ok(report(c, col["worker_id"], collect["task_id"], [(write_chunk(c, 256), 256)]))
+    col_sink.expect_none("evaluate", within_s=0.5)  # due by both schedules, but too early
+    ok(report(c, col["worker_id"], collect["task_id"], [(write_chunk(c, 256), 256)]))
+    assert col_sink.wait_task("evaluate")["policy_version"] == 0
+
+
 def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     c = coordinator(**EARLY_EVAL)
     col_sink, lrn_sink = task_sink(), task_sink()
