@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis_server import RedisServer
 
 from shared.storage import DirectoryStorage, RedisStorage, Storage
 
@@ -43,6 +45,20 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     if request.param == "directory":
         return DirectoryStorage(tmp_path / "storage")
     return request.getfixturevalue("redis_storage")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (`tests/redis_server.py`), for tests that kill or
+    restart Redis; stopped afterwards."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 # -- fake workers -------------------------------------------------------------------------------

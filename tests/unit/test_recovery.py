@@ -6,16 +6,13 @@ storage outage answered with 503 that changes nothing. Every wait has a deadline
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-from redis_server import RedisServer
 
 from collector.adder import StorageAdder
 from shared.http import HttpClient
@@ -437,30 +434,18 @@ def test_chunks_dropped_unused_do_not_hold_collectors_back_for_ever(coordinator,
 
 # -- storage outage -----------------------------------------------------------------------------
 
-@pytest.fixture
-def own_redis(tmp_path: Path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_a_report_during_a_storage_outage_gets_503_and_changes_nothing(coordinator_pool,
-                                                                       task_sink, own_redis):
+                                                                       task_sink, redis_server):
     cfg = make_config(coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0})
-    c = coordinator_pool.start(cfg, own_redis.url, environ={"RLFLEET_STORAGE_RETRY_S": "0.5"})
+    c = coordinator_pool.start(cfg, redis_server.url, environ={"RLFLEET_STORAGE_RETRY_S": "0.5"})
     col, collect, _, _ = collector_and_learner(c, task_sink)
     ok(report(c, col["worker_id"], collect["task_id"], [(uuid.uuid4().hex, 16)]))
-    own_redis.kill()
+    redis_server.kill()
     lost = uuid.uuid4().hex
     resp = report(c, col["worker_id"], collect["task_id"], [(lost, 16)])
     assert resp.status_code == 503, resp.text
     assert resp.headers["Retry-After"] and "storage unavailable" in resp.json()["error"]
     assert balanced(c)["acknowledged"] == 1  # nothing changed
-    own_redis.start()
+    redis_server.start()
     assert ok(report(c, col["worker_id"], collect["task_id"], [(lost, 16)]))["accepted"] == 1
     assert balanced(c)["acknowledged"] == 2

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,16 +30,6 @@ from shared.http import HttpClient
 from shared.storage import RedisStorage, StorageError
 
 from .helpers import closed_port, make_config, register, wait_for, wait_running
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def store_on(server: RedisServer, retry_s: float) -> RedisStorage:
