@@ -723,7 +723,7 @@ class Coordinator:
                 for raw in self.storage.read_journal(generation):
                     record = json.loads(raw)
                     metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
-                    fresh, dead = self._accept(self.replay.unseen(metas), record["worker_id"])
+                    fresh, dead = self._accept(metas, record["worker_id"])  # dedups
                     replayed += len(fresh)
                     self._release(dead)
             self.replay.generation = max([start, *generations])
