@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: output conventions, storage handling, CPU accounting.
+"""What the benchmark scripts share: output conventions, storage handling, CPU accounting,
+and playing a collector (prefilling a buffer with no collector process).
 
 Conventions: progress goes to stderr; stdout carries the human table (rich) and, as its very
 last line, one JSON object (`emit`), so `python bench/x.py | tail -n1` is machine-readable.
@@ -11,8 +12,11 @@ import os
 import shutil
 import statistics
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rich.console import Console
@@ -181,3 +185,112 @@ class CpuWindow:
         parts = [f"{name} {self.cores(name):.2f}" for name in self.used]
         parts.append(f"others {self.others_cores():.2f}")
         return ", ".join(parts) + f" cores (of {os.cpu_count()})"
+
+
+# -- playing a collector ------------------------------------------------------------------
+
+class TaskInbox:
+    """A worker's `POST /task` endpoint and nothing more, on a loopback port: what a benchmark
+    registers when it plays a worker itself. It accepts every task and keeps its body."""
+
+    def __init__(self) -> None:
+        inbox = self
+        self.tasks: list[dict] = []
+        self._cond = threading.Condition()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                if self.path != "/task":
+                    self.send_error(404)
+                    return
+                with inbox._cond:
+                    inbox.tasks.append(body["task"])
+                    inbox._cond.notify_all()
+                self._answer({"task_id": body["task"]["task_id"], "accepted": True})
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/health":
+                    self._answer({"status": "ok"})
+                else:
+                    self.send_error(404)
+
+            def _answer(self, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                         name="task-inbox", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def wait_task(self, kind: str, timeout_s: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not (found := [t for t in self.tasks if t["kind"] == kind]):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"no {kind} task pushed to {self.url} in {timeout_s:g} s")
+                self._cond.wait(left)
+            return found[-1]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prefill(coordinator_url: str, storage: str, namespace: str,
+            chunks: Iterable[dict], worker_id: str = "bench-prefill",
+            per_report: int = 100) -> int:
+    """Fill the run's buffers without a collector process, the way a collector does it: register
+    as a collector, take the collect task the coordinator pushes, write each chunk (named
+    arrays, one row per transition) to storage, report its metadata, and leave. Returns the
+    transitions reported (the coordinator's `buffer.size` says what its buffers hold)."""
+    from shared.codec import encode_arrays
+    from shared.http import HttpClient
+    from shared.schemas import API, ChunkMeta, ChunkReport, RegisterRequest, Role
+    from shared.storage import open_storage
+
+    inbox = TaskInbox()
+    client = HttpClient(coordinator_url, timeout_s=30, retries=2)
+    store = open_storage(storage, namespace)
+    reported, pending = 0, []
+    try:
+        client.post(f"{API}/workers", RegisterRequest(role=Role.COLLECTOR, url=inbox.url,
+                                                      worker_id=worker_id))
+        task_id = inbox.wait_task("collect")["task_id"]
+
+        def report() -> None:
+            client.post(f"{API}/chunks", ChunkReport(worker_id=worker_id, task_id=task_id,
+                                                     chunks=pending))
+            pending.clear()
+
+        for arrays in chunks:
+            chunk_id = uuid.uuid4().hex
+            store.put_chunk(chunk_id, encode_arrays(arrays, {"policy_version": "-1",
+                                                             "worker_id": worker_id}))
+            length = len(next(iter(arrays.values())))
+            pending.append(ChunkMeta(chunk_id=chunk_id, length=length, policy_version=-1))
+            reported += length
+            if len(pending) >= per_report:
+                report()
+        if pending:
+            report()
+        client.delete(f"{API}/workers/{worker_id}")
+    finally:
+        store.close()
+        client.close()
+        inbox.close()
+    return reported

@@ -60,7 +60,8 @@ class CoordinatorCollector:
             version, accepted, episodes = c.policy_version, c.chunks_accepted, c.episodes
             solved, stopped = c.solved, c.stopped
             released = dict(c.replay.released_by)
-        latest = c.evaluations[-1] if c.evaluations else None  # a deque: [-1] is atomic
+        evaluations = c.eval_schedule.evaluations
+        latest = evaluations[-1] if evaluations else None  # a deque: [-1] is atomic
 
         alive = GaugeMetricFamily("rlfleet_workers_alive", "Workers alive, by role.",
                                   labels=["role"])
@@ -100,7 +101,7 @@ class CoordinatorCollector:
         yield gone
         yield CounterMetricFamily("rlfleet_chunks_orphaned_total",
                                   "Chunks written but never announced, deleted by GC.",
-                                  value=c.orphans_deleted)
+                                  value=c.durability.orphans_deleted)
 
         if latest is not None:  # absent, not 0, before the first evaluation
             ev = GaugeMetricFamily("rlfleet_eval_return_mean",
@@ -112,11 +113,42 @@ class CoordinatorCollector:
                     ev.add_metric([mode], summary.return_mean)
             yield ev
 
+        yield from self._learner_group(c)
         yield GaugeMetricFamily("rlfleet_run_solved",
                                 "1 once an evaluation reached the stop value.",
                                 value=int(solved))
         yield GaugeMetricFamily("rlfleet_run_stopped", "1 once the run is stopping.",
                                 value=int(stopped))
+
+
+    @staticmethod
+    def _learner_group(c: Coordinator) -> Iterator[Metric]:
+        with c._cond:
+            group = c.group.status(c.started_at)
+        yield GaugeMetricFamily("rlfleet_learner_group_generation",
+                                "Generation of the learner group (one per re-formation).",
+                                value=group["generation"])
+        yield GaugeMetricFamily("rlfleet_learner_group_world_size",
+                                "Learners training as one data-parallel group.",
+                                value=group["world_size"])
+        reforms = CounterMetricFamily("rlfleet_learner_group_reformations_total",
+                                      "Re-formations of the learner group, by reason.",
+                                      labels=["reason"])
+        for reason, n in sorted(group["reformations_by_reason"].items()):
+            reforms.add_metric([reason], n)
+        yield reforms
+        rate = GaugeMetricFamily("rlfleet_learner_updates_per_second",
+                                 "Train iterations per second, by rank of the learner group.",
+                                 labels=["rank", "worker_id"])
+        allreduce = GaugeMetricFamily("rlfleet_learner_allreduce_ms",
+                                      "Milliseconds per train iteration in all-reduces, by "
+                                      "rank.", labels=["rank", "worker_id"])
+        for r in group["ranks"]:
+            labels = [str(r["rank"]), r["worker_id"]]
+            rate.add_metric(labels, r["updates_per_s"])
+            allreduce.add_metric(labels, r["allreduce_ms"])
+        yield rate
+        yield allreduce
 
 
 def _instrument_requests(app: Flask, registry: CollectorRegistry) -> None:

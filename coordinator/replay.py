@@ -180,6 +180,14 @@ class Replay:
         return [PartPlan(share.buffer, None, n) for share, n in zip(mix, sizes, strict=True)
                 if n > 0]
 
+    def queue_buffer(self, plan: list[PartPlan]) -> str | None:
+        """The queue buffer a plan draws whole chunks from, if it does (then it is its only
+        part: the config allows no mix with a queue)."""
+        for part in plan:
+            if isinstance(self.buffers[part.buffer], QueueBuffer):
+                return part.buffer
+        return None
+
     def grantable(self, plan: list[PartPlan], num_batches: int) -> int:
         grant = num_batches
         for part in plan:

@@ -11,7 +11,7 @@ from flask import Blueprint, current_app, jsonify
 from coordinator.membership import UnknownWorker
 from coordinator.openapi import document, openapi_document
 from coordinator.replay import UnknownBuffer
-from coordinator.service import Coordinator, RateLimited, WrongWorker
+from coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
 from coordinator.tasks import UnknownTask
 from shared.schemas import (
     API,
@@ -25,6 +25,8 @@ from shared.schemas import (
     EvaluationList,
     EvaluationReport,
     EvaluationResult,
+    GroupAssignment,
+    GroupSyncRequest,
     Health,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -45,7 +47,7 @@ from shared.schemas import (
     WorkerList,
 )
 from shared.storage import StorageError
-from shared.webapp import error, parse_body
+from shared.webapp import BadRequest, error, parse_body
 
 bp = Blueprint("coordinator", __name__)
 
@@ -74,6 +76,12 @@ def _unknown_task(err: UnknownTask):
 @bp.errorhandler(WrongWorker)
 def _wrong_worker(err: WrongWorker):
     return error(409, str(err), "task_id")
+
+
+@bp.errorhandler(StaleGeneration)
+def _stale_generation(err: StaleGeneration):
+    """The learner group has moved on to another generation: the learner syncs again."""
+    return error(409, str(err), err.field)
 
 
 @bp.errorhandler(StorageError)
@@ -188,14 +196,25 @@ def collect_permit():
     return _json(coord().collect_permit(parse_body(CollectPermitRequest)))
 
 
+@bp.post(f"{API}/learner-group")
+@document(GroupAssignment, body=GroupSyncRequest, errors=[404, 409])
+def learner_group_sync():
+    """A learner joins the learner group, asks for its current generation, or reports that
+    a collective of its generation failed (`broken`): the group re-forms."""
+    return _json(coord().group_sync(parse_body(GroupSyncRequest)))
+
+
 @bp.post(f"{API}/sample")
-@document(SampleResponse, body=SampleRequest, errors=[404, 429])
+@document(SampleResponse, body=SampleRequest, errors=[404, 409, 429])
 def sample():
     c = coord()
-    chunk_ids, parts, granted, env_steps = c.sample(parse_body(SampleRequest))
+    req = parse_body(SampleRequest)
+    chunk_ids, parts, granted, env_steps, first_seq = c.sample(req)
     return _json(SampleResponse(
         chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
         train_iterations=c.train_iterations, policy_version=c.policy_version, stop=c.stopped,
+        group_generation=c.group.generation if req.group_generation is not None else None,
+        first_seq=first_seq,
         parts=[SamplePart(
             buffer=p.buffer, key=p.key, chunk_index=p.chunk_index.tolist(),
             rows=p.rows.tolist(), item_ids=p.item_ids.tolist(),
@@ -273,4 +292,13 @@ def resume_collection():
 @bp.post(f"{API}/scale")
 @document(RunState, body=ScaleRequest)
 def scale():
-    return _json(coord().scale(parse_body(ScaleRequest).collectors))
+    c = coord()
+    req = parse_body(ScaleRequest)
+    if req.collectors is None and req.learners is None:
+        raise BadRequest("collectors: give collectors, learners or both", "collectors")
+    if req.learners is not None:
+        problem = c.cfg.group_problem(req.learners)
+        if problem:
+            raise BadRequest(f"learners: {req.learners} learners cannot share this run's "
+                             f"work: {problem}", "learners")
+    return _json(c.scale(req.collectors, req.learners))

@@ -1,35 +1,34 @@
 """The coordinator: membership, tasks, the replay (buffers and rate limits) and the run's state.
 
 Routes (`coordinator/routes.py`) are thin: they validate a body and call one method here.
-Background work runs in three threads this object owns and stops in `close()`:
-- the *scheduler* reaps silent workers, starts evaluations when due and checks stop rules;
-- the *commander* pushes tasks to workers (`POST <worker>/task`), retrying with backoff;
-- the *janitor* deletes evicted chunks from storage in batches, off the request path, and
-  garbage-collects chunks that were written but never announced.
-Each blocks on a queue or an event with a timeout; none spins.
+`Coordinator` is the glue, the run's counters and the request handlers, around parts that
+each own one concern: `Membership`, `TaskTable`, `Replay`, `RunLog`, the `Commander`
+(`commander.py`: pushes tasks to workers), the `EvaluationSchedule` (`evaluation.py`),
+`Durability` (`durability.py`: the journal, snapshots, restore and the janitor) and the
+`LearnerGroup` (`learner_group.py`: generations of the data-parallel learner group and the
+shards its ranks learn from).
 
-Crash safety (issue 7): a chunk report is appended to the write-ahead journal in storage
-before it is acknowledged; a snapshot of generation G holds everything journalled before
-it, so a restarted coordinator loads the newest snapshot and replays journals G, G+1, ...
-Chunks released by buffers are deleted only after a later snapshot is written, so neither a
-snapshot nor a journal ever refers to a deleted chunk. Tasks of dead workers wait,
-unassigned, for the next worker of their role; queue chunks a dead learner held go back
-to the queue.
+Its own *scheduler* thread reaps silent workers, hands the tasks of dead workers on (a main
+task waits, unassigned, for the next worker of its role; queue chunks a dead learner held go
+back to the queue), starts evaluations when due, checks stop rules, and gives durability its
+turn to snapshot and collect garbage. It blocks on an event with a timeout; it never spins.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import queue
 import threading
 import time
 import zlib
-from collections import OrderedDict, deque
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
+from coordinator.commander import Commander
+from coordinator.durability import Durability
+from coordinator.evaluation import EvaluationSchedule
+from coordinator.learner_group import LearnerGroup, StaleGeneration
 from coordinator.membership import Membership, UnknownWorker, Worker
 from coordinator.replay import PartRefs, Replay, UnknownBuffer
 from coordinator.runlog import RunLog
@@ -44,10 +43,10 @@ from shared.schemas import (
     CollectPermitRequest,
     CollectPermitResponse,
     CollectTask,
-    EvalSummary,
-    EvaluateTask,
     EvaluationReport,
     EvaluationResult,
+    GroupAssignment,
+    GroupSyncRequest,
     HeartbeatRequest,
     HeartbeatResponse,
     LearnInfo,
@@ -58,12 +57,10 @@ from shared.schemas import (
     Role,
     RunState,
     SampleRequest,
-    TaskAccepted,
-    TaskEnvelope,
     TaskKind,
     TaskState,
 )
-from shared.storage import StorageError, evaluated_blob, open_storage
+from shared.storage import open_storage
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -72,17 +69,6 @@ def buffer_metrics(buffers: dict[str, dict]) -> dict[str, float]:
     """Buffer stats as flat metrics, `buffer/<name>/<stat>` (numeric stats only)."""
     return {f"buffer/{name}/{key}": float(value) for name, stats in buffers.items()
             for key, value in stats.items() if isinstance(value, int | float)}
-
-
-def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
-    r = np.asarray(returns, dtype=np.float64)
-    return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
-                       return_min=float(r.min()), return_max=float(r.max()),
-                       length_mean=float(np.mean(lengths)))
-
-EVAL_TIMEOUT_S = 120.0
-_GC = "gc"  # the janitor's cue to look for chunks nobody announced
-_FOREVER = 1 << 62
 
 
 class WrongWorker(ValueError):
@@ -102,9 +88,7 @@ class Coordinator:
                  clock=time.monotonic, resume: bool = False) -> None:
         self.cfg = cfg
         self.storage_url = storage_url
-        # Workers guard `POST /task` with the cluster's token; read once, so a token file
-        # that goes away mid-run cannot make the commander thread fail every push.
-        self._token = load_token()
+        token = load_token()  # before anything is opened: a misconfigured token fails here
         self.run_dir = Path(run_dir) if run_dir else None
         self.storage = open_storage(storage_url, cfg.name)
         self.clock = clock
@@ -112,6 +96,7 @@ class Coordinator:
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.tasks = TaskTable()
         self.replay = Replay(cfg)
+        self.group = LearnerGroup(cfg, clock)
         # Counters, guarded by `_cond` (whose lock also orders sampling against inserts).
         self._cond = threading.Condition()
         self.env_steps = 0
@@ -123,11 +108,6 @@ class Coordinator:
         self.learner_metrics: dict[str, float] = {}
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.recent_lengths: deque[int] = deque(maxlen=100)
-        self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
-        self.best_evaluation: EvaluationResult | None = None
-        self.best_policy_version: int | None = None
-        self.next_eval_at = max(cfg.eval.every_env_steps or 0, cfg.eval.start_env_steps)
-        self.next_eval_iteration = cfg.eval.every_train_iterations or 0
         self.stop_reason: str | None = None
         self.solved = False
         self.stopped_at: float | None = None
@@ -135,34 +115,21 @@ class Coordinator:
         self.paused = False  # collection paused by an operator (learners go on)
         self.collectors_desired: int | None = None  # set by `rlfleet scale`
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
-        self._eval_rr = 0
-        # Background threads.
         self._closing = threading.Event()
-        self._wake = threading.Event()
-        self._push_q: queue.Queue[TaskRecord | None] = queue.Queue()
-        self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
-        self._threads = [
-            threading.Thread(target=self._scheduler_loop, name="scheduler", daemon=True),
-            threading.Thread(target=self._commander_loop, name="commander", daemon=True),
-            threading.Thread(target=self._janitor_loop, name="janitor", daemon=True),
-        ]
+        self._wake = threading.Event()  # an early scheduler tick
+        self._scheduler = threading.Thread(target=self._scheduler_loop, name="scheduler",
+                                           daemon=True)
         self._started = False
-        self._last_snapshot = clock()
-        self._snapshot_lock = threading.Lock()
-        self._pending_lock = threading.Lock()
-        self._pending_delete: list[str] = []  # released, deleted after the next snapshot
-        self.snapshots_saved = 0
-        # Orders journal appends against each other and against a snapshot's copy, so a
-        # snapshot never misses a chunk that went into an older journal.
-        self._journal_lock = threading.Lock()
-        self._last_gc = clock()
-        self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
-        self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
-        self.orphans_deleted = 0
-        self.restored_from: dict | None = None
-        resumed = self.restore() if resume else False
+        self.commander = Commander(cfg, self.members, self.tasks, token)
+        self.eval_schedule = EvaluationSchedule(cfg, self.tasks, self.members, self.storage,
+                                                self.run_dir, self.commander.push)
+        self.durability = Durability(
+            cfg, self.storage, storage_url, clock, self._cond, self.replay,
+            counters=self._counters, restore_counters=self._restore_counters,
+            accept=self._accept, env_steps=lambda: self.env_steps)
+        resumed = self.durability.restore() if resume else False
         if not resumed:
-            self.storage.delete_journals(_FOREVER)  # a fresh run: nothing to replay
+            self.durability.discard_journals()
         self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -170,24 +137,21 @@ class Coordinator:
     def start(self) -> Coordinator:
         if not self._started:
             self._started = True
-            for t in self._threads:
-                t.start()
+            self._scheduler.start()
+            self.commander.start()
+            self.durability.start()
         return self
 
     def close(self) -> None:
         self._closing.set()
         self._wake.set()
-        self._push_q.put(None)
-        self._delete_q.put(None)
+        self.commander.stop()
         with self._cond:
             self._cond.notify_all()
         if self._started:
-            for t in self._threads:
-                t.join(timeout=5)
-        try:
-            self.save_snapshot(final=True)
-        except Exception:  # closing must finish; the failure is logged for the operator
-            log.exception("final snapshot failed")
+            self._scheduler.join(timeout=5)
+            self.commander.join(timeout=5)
+        self.durability.close()  # after the scheduler: no snapshot may follow the final one
         self.runlog.close()
         self.storage.close()
 
@@ -211,9 +175,10 @@ class Coordinator:
                  worker.worker_id, worker.url)
         if not is_new:  # a restart under the same id: its old process's work is lost
             self._requeue_held(worker.worker_id, "registered again")
+            self._leave_group(worker.worker_id, "registered again")
             for rec in self.tasks.active_for(worker.worker_id):
                 if rec.kind is TaskKind.EVALUATE:  # the new process never got it
-                    self._push_q.put(rec)
+                    self.commander.push(rec)
         if not self.stopped:
             self._assign_main_task(worker)
         return RegisterResponse(
@@ -222,14 +187,17 @@ class Coordinator:
             heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s)
 
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
-        self.members.heartbeat(worker_id, req.status)
+        worker = self.members.heartbeat(worker_id, req.status)
         return HeartbeatResponse(stop=self.stopped, paused=self.paused,
                                  policy_version=self._version_or_none(),
-                                 env_steps=self.env_steps)
+                                 env_steps=self.env_steps,
+                                 group_generation=(self.group.generation if worker.role
+                                                   is Role.LEARNER else None))
 
     def leave(self, worker_id: str) -> Worker:
         worker = self.members.leave(worker_id)
         self._requeue_held(worker_id, "left")
+        self._leave_group(worker_id, "left")
         for rec in self.tasks.active_for(worker_id):
             self.tasks.end(rec.task_id, TaskState.FINISHED)
         log.info("worker %s left", worker_id)
@@ -248,14 +216,57 @@ class Coordinator:
         """A worker died: its learner chunks go back to the queue, its main task waits for
         the next worker of its role, its evaluation goes to another collector."""
         self._requeue_held(worker.worker_id, why)
+        self._leave_group(worker.worker_id, "died")
         for rec in self.tasks.active_for(worker.worker_id):
             if rec.kind is TaskKind.EVALUATE:
-                self._reassign_evaluation(rec, why)
+                self.eval_schedule.reassign(rec, why)
             else:
                 self.tasks.unassign(rec.task_id, why)
                 log.warning("task %s of %s is unassigned: %s", rec.task_id, worker.worker_id,
                             why)
         self._offer_unassigned()
+
+    def _leave_group(self, worker_id: str, why: str) -> None:
+        """A learner that is gone: the group re-forms without it (chunks its generation's
+        rollouts held go back to the queue)."""
+        with self._cond:
+            if self.group.remove(worker_id, why, self.replay):
+                self._cond.notify_all()
+
+    def group_sync(self, req: GroupSyncRequest) -> GroupAssignment:
+        """A learner's place in the current generation of the learner group. A rank whose
+        collective failed says so (`broken`); the ranks that do not answer `/health` then are
+        left out at once (a killed or hung learner), rather than after its heartbeats time
+        out, which would make the next rendezvous wait for it."""
+        worker = self.members.touch(req.worker_id)
+        if worker.role is not Role.LEARNER:
+            raise StaleGeneration(f"worker {req.worker_id!r} is a {worker.role.value}, not a "
+                                  "learner", "worker_id")
+        silent = []
+        if req.broken and req.generation == self.group.generation:
+            silent = [w for w in list(self.group.ranks)
+                      if w != req.worker_id and not self._answers(w)]
+        with self._cond:
+            for w in silent:
+                self.group.remove(w, "unresponsive", self.replay)
+            assignment = self.group.sync(req, self.replay)
+            self._cond.notify_all()  # samplers of an ended generation stop waiting
+        return assignment
+
+    def _answers(self, worker_id: str) -> bool:
+        """Whether a worker's own HTTP service answers `/health` within a second."""
+        try:
+            url = self.members.get(worker_id).url
+        except UnknownWorker:
+            return False
+        client = HttpClient(url, timeout_s=1.0, retries=0)
+        try:
+            client.get("/health")
+            return True
+        except HttpError:
+            return False
+        finally:
+            client.close()
 
     def _offer_unassigned(self) -> None:
         """Hand unassigned main tasks to live workers of their role that have none."""
@@ -268,21 +279,7 @@ class Coordinator:
             rec = self.tasks.claim(worker.worker_id, kind)
             if rec is not None:
                 log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
-                self._push_q.put(rec)
-
-    def _reassign_evaluation(self, rec: TaskRecord, why: str) -> None:
-        busy = sorted(r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
-                      if r.state is TaskState.RUNNING and r.worker_id != rec.worker_id)
-        alive = {w.worker_id for w in self.members.alive(Role.COLLECTOR)}
-        targets = [w for w in busy if w in alive]
-        if not targets:
-            self.tasks.end(rec.task_id, TaskState.FAILED, why)
-            return
-        old, rec.worker_id = rec.worker_id, targets[0]
-        rec.state, rec.reassignments = TaskState.PENDING, rec.reassignments + 1
-        log.warning("evaluation %s moves from %s to %s: %s", rec.task_id, old, rec.worker_id,
-                    why)
-        self._push_q.put(rec)
+                self.commander.push(rec)
 
     def _version_or_none(self) -> int | None:
         return self.policy_version if self.policy_version >= 0 else None
@@ -295,7 +292,7 @@ class Coordinator:
         kind = TaskKind.COLLECT if worker.role is Role.COLLECTOR else TaskKind.LEARN
         rec = self.tasks.claim(worker.worker_id, kind)
         if rec is not None:
-            self._push_q.put(rec)
+            self.commander.push(rec)
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
@@ -306,7 +303,7 @@ class Coordinator:
         else:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
-        self._push_q.put(rec)
+        self.commander.push(rec)
         return rec
 
     def end_task(self, task_id: str, worker_id: str | None, error: str | None) -> TaskRecord:
@@ -328,29 +325,6 @@ class Coordinator:
             raise WrongWorker(f"task '{task_id}' is a {rec.kind.value} task, not {kind.value}")
         return rec
 
-    def _push(self, rec: TaskRecord) -> None:
-        """Send a task to its worker; retried with backoff, failed if the worker never takes
-        it (the scheduler will notice the worker is gone)."""
-        worker_id = rec.worker_id  # the task may move to another worker meanwhile
-        try:
-            worker = self.members.get(worker_id)
-        except UnknownWorker:
-            self.tasks.end(rec.task_id, TaskState.FAILED, "worker unknown")
-            return
-        client = HttpClient(worker.url, timeout_s=self.cfg.coordinator.task_push_timeout_s,
-                            retries=5, backoff_s=0.1, token=self._token)
-        try:
-            ack = client.post("/task", TaskEnvelope(task=rec.task), TaskAccepted)
-        except HttpError as err:
-            log.warning("could not push %s to %s: %s", rec.task_id, worker_id, err)
-            if rec.worker_id == worker_id and rec.state is TaskState.PENDING:
-                self.tasks.end(rec.task_id, TaskState.FAILED, f"push failed: {err}")
-            return
-        finally:
-            client.close()
-        if ack.accepted and rec.state is TaskState.PENDING and rec.worker_id == worker_id:
-            rec.state = TaskState.RUNNING
-
     # -- experience -------------------------------------------------------------------------
 
     def report_chunks(self, req: ChunkReport) -> ChunkReportResponse:
@@ -359,46 +333,24 @@ class Coordinator:
         changes nothing; the collector keeps the report and sends it again)."""
         self.members.touch(req.worker_id)
         self._check_task(req.task_id, req.worker_id, TaskKind.COLLECT)
-        with self._journal_lock:
-            with self._cond:
-                fresh = self._unseen(req.chunks)
-                generation = self.replay.generation
-            if fresh:
-                self.storage.append_journal(generation,
-                                            [self._journal_record(req.worker_id, fresh)])
-            with self._cond:
-                fresh, dead = self._accept(fresh, req.worker_id)
-                # A paused run throttles collectors the same way a lagging learner does:
-                # they finish the chunk at hand, report it, and wait for a permit.
-                throttle = self.paused or self.replay.inserts_blocked()
-                self._cond.notify_all()
-                env_steps = self.env_steps
+        with self.durability.journalled(req.worker_id, req.chunks) as fresh:
+            fresh, dead = self._accept(fresh, req.worker_id)
+            # A paused run throttles collectors the same way a lagging learner does:
+            # they finish the chunk at hand, report it, and wait for a permit.
+            throttle = self.paused or self.replay.inserts_blocked()
+            self._cond.notify_all()
+            env_steps = self.env_steps
         if dead:
-            self._release(dead)
+            self.durability.release(dead)
         if fresh:
             self.runlog.on_chunks(fresh, env_steps, self.rates()[0])
-        if self._evaluation_due():
+        if self.eval_schedule.due(self.env_steps, self.train_iterations):
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
                                    throttle_s=0.05 if throttle else 0.0, stop=self.stopped)
 
-    def _unseen(self, metas: list) -> list:
-        """New chunks of a report (under `_cond`): not held, not released lately, and not
-        deleted as orphans (their bytes are gone: never acknowledge them)."""
-        fresh = self.replay.unseen(metas)
-        late = [m.chunk_id for m in fresh if m.chunk_id in self._gc_deleted]
-        if late:
-            log.warning("refusing %d chunks reported after they were deleted as never "
-                        "announced: %s", len(late), late[:3])
-            fresh = [m for m in fresh if m.chunk_id not in self._gc_deleted]
-        return fresh
-
-    @staticmethod
-    def _journal_record(worker_id: str, metas: list) -> bytes:
-        return json.dumps({"worker_id": worker_id,
-                           "chunks": [m.model_dump(mode="json") for m in metas]}).encode()
-
-    def _accept(self, metas: list, worker_id: str) -> tuple[list, list[str]]:
+    def _accept(self, metas: list[ChunkMeta], worker_id: str
+                ) -> tuple[list[ChunkMeta], list[str]]:
         """Index journalled chunks and count them (under `_cond`); (fresh, dead ids)."""
         fresh, dead = self.replay.insert(metas, self.train_iterations)
         for c in fresh:
@@ -424,10 +376,13 @@ class Coordinator:
                 self._cond.wait(left)
         return CollectPermitResponse(granted=not self.stopped, stop=self.stopped)
 
-    def sample(self, req: SampleRequest) -> tuple[list[str], list[PartRefs], int, int]:
-        """(chunk ids, parts, batches granted, env steps). Raises `RateLimited` when nothing
-        could be granted within `wait_s`."""
+    def sample(self, req: SampleRequest
+               ) -> tuple[list[str], list[PartRefs], int, int, int | None]:
+        """(chunk ids, parts, batches granted, env steps, first sequence number: group
+        shards only). Raises `RateLimited` when nothing could be granted within `wait_s`."""
         self.members.touch(req.worker_id)
+        if req.group_generation is not None:
+            return self._sample_group(req)
         plan = self.replay.plan(req)
         deadline = self.clock() + req.wait_s
         with self._cond:
@@ -440,15 +395,64 @@ class Coordinator:
                     raise RateLimited(0.05)
                 self._cond.wait(left)
             if grant <= 0:
-                return [], [], 0, self.env_steps
+                return [], [], 0, self.env_steps, None
             chunk_ids, parts, dead = self.replay.sample(plan, grant, self.train_iterations,
                                                         self.policy_version, req.worker_id)
             self.granted_batches += grant
             self._cond.notify_all()  # collectors waiting for the learner may go on
             env_steps = self.env_steps
         if dead:
-            self._release(dead)
-        return chunk_ids, parts, grant, env_steps
+            self.durability.release(dead)
+        return chunk_ids, parts, grant, env_steps, None
+
+    def _sample_group(self, req: SampleRequest
+                      ) -> tuple[list[str], list[PartRefs], int, int, int | None]:
+        """This rank's shard of the group batches (or rollout) starting at `group_cursor`:
+        sampled once for the whole group, at the global batch size, by whichever rank asks
+        first; the others get their shards of the same batches."""
+        assert req.group_generation is not None and req.group_cursor is not None
+        plan = self.replay.plan(req)
+        queue = self.replay.queue_buffer(plan)
+        deadline = self.clock() + req.wait_s
+        dead: list[str] = []
+        with self._cond:
+            while True:
+                rank = self.group.rank_of(req.worker_id, req.group_generation)
+                entry = self.group.cached(rank, req.group_cursor)
+                if entry is not None or self.stopped or self._closing.is_set():
+                    break
+                if queue is not None:
+                    rollout = int(getattr(self.cfg.algo, "rollout_size", self.cfg.algo.batch_size))
+                    entry, released = self.group.form_rollout(
+                        self.replay, queue, rollout, self.train_iterations, self.policy_version)
+                    dead += released
+                    if entry is not None:
+                        self.granted_batches += 1
+                        break
+                elif not self.group.backlog_full():
+                    self.group.check_plan(plan)
+                    grant = self.replay.grantable(plan, req.num_batches)
+                    if grant > 0:
+                        ids, parts, released = self.replay.sample(
+                            plan, grant, self.train_iterations, self.policy_version)
+                        dead += released
+                        entry = self.group.add_batches(ids, parts, grant)
+                        self.granted_batches += grant
+                        self._cond.notify_all()
+                        break
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            env_steps = self.env_steps
+        if dead:
+            self.durability.release(dead)
+        if entry is None:
+            if self.stopped or self._closing.is_set():
+                return [], [], 0, env_steps, req.group_cursor
+            raise RateLimited(0.05)
+        chunk_ids, parts = entry.shards[rank]
+        return chunk_ids, parts, entry.count, env_steps, entry.first_seq
 
     def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
         self.members.touch(req.worker_id)
@@ -456,16 +460,18 @@ class Coordinator:
             self.replay.check_feedback(req.priorities, req.consumed)
             self.train_iterations = max(self.train_iterations, req.train_iterations)
             self.policy_version = max(self.policy_version, req.policy_version)
-            self.learner_metrics = dict(req.metrics)
+            # losses and the like averaged over the ranks of the group
+            self.learner_metrics = self.group.on_learn_info(
+                req.worker_id, req.train_iterations, dict(req.metrics), dict(req.timers))
             self.replay.update_priorities(req.priorities)
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
         if dead:
-            self._release(dead)
+            self.durability.release(dead)
         self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped,
-                                 best_policy_version=self.best_policy_version)
+                                 best_policy_version=self.eval_schedule.best_policy_version)
 
     # -- run control ------------------------------------------------------------------------
 
@@ -476,108 +482,46 @@ class Coordinator:
         log.info("collection %s by request", "paused" if paused else "resumed")
         return self.run_state()
 
-    def scale(self, collectors: int) -> RunState:
-        self.collectors_desired = collectors
-        log.info("collectors wanted: %d", collectors)
+    def scale(self, collectors: int | None, learners: int | None = None) -> RunState:
+        """Record how many collectors and learners the run should have; the learner group
+        is sized to `learners` at once (the launcher or the orchestrator starts or stops the
+        processes)."""
+        if collectors is not None:
+            self.collectors_desired = collectors
+            log.info("collectors wanted: %d", collectors)
+        if learners is not None:
+            with self._cond:
+                self.group.resize(learners, self.replay)
+                self._cond.notify_all()
+            log.info("learners wanted: %d", learners)
         return self.run_state()
 
     def run_state(self) -> RunState:
         state = "stopped" if self.stopped else "paused" if self.paused else "running"
         return RunState(state=state, paused=self.paused, stop_reason=self.stop_reason,
                         collectors_desired=self.collectors_desired,
-                        collectors_alive=len(self.members.alive(Role.COLLECTOR)))
+                        collectors_alive=len(self.members.alive(Role.COLLECTOR)),
+                        learners_desired=self.group.learners_desired,
+                        learners_alive=len(self.members.alive(Role.LEARNER)))
 
     # -- evaluation -------------------------------------------------------------------------
 
-    def _evaluation_due(self) -> bool:
-        ev = self.cfg.eval
-        if self.env_steps < ev.start_env_steps:
-            return False
-        return ((ev.every_env_steps is not None and self.env_steps >= self.next_eval_at)
-                or (ev.every_train_iterations is not None
-                    and self.train_iterations >= self.next_eval_iteration))
-
-    def _maybe_start_evaluation(self) -> None:
-        if self.stopped or not self._evaluation_due() or self.policy_version < 0:
-            return
-        if self.tasks.active(TaskKind.EVALUATE):
-            return
-        # Only collectors whose collect task is running: a worker whose loop failed has no
-        # loop left to run the evaluation on.
-        busy = {r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
-                if r.state is TaskState.RUNNING}
-        collectors = sorted((w for w in self.members.alive(Role.COLLECTOR)
-                             if w.worker_id in busy), key=lambda w: w.worker_id)
-        if not collectors:
-            return
-        worker = collectors[self._eval_rr % len(collectors)]
-        self._eval_rr += 1
-        ev = self.cfg.eval
-        task = EvaluateTask(task_id=self.tasks.new_id(TaskKind.EVALUATE),
-                            policy_version=self.policy_version, episodes=ev.episodes,
-                            num_envs=min(ev.num_envs, ev.episodes),
-                            seed=self.cfg.seed * 7919 + self._eval_rr,
-                            stochastic=ev.stochastic)
-        if ev.every_env_steps is not None:
-            self.next_eval_at = self.env_steps + ev.every_env_steps
-        if ev.every_train_iterations is not None:
-            self.next_eval_iteration = self.train_iterations + ev.every_train_iterations
-        self._push_q.put(self.tasks.add(task, worker.worker_id))
+    @property
+    def evaluations(self) -> deque[EvaluationResult]:
+        """Every evaluation so far, oldest first (`GET /evaluations`)."""
+        return self.eval_schedule.evaluations
 
     def report_evaluation(self, req: EvaluationReport) -> EvaluationResult:
         self.members.touch(req.worker_id)
-        rec = self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
-        det = summarise_episodes(req.deterministic.returns, req.deterministic.lengths)
-        sto = (summarise_episodes(req.stochastic.returns, req.stochastic.lengths)
-               if req.stochastic else None)
-        result = EvaluationResult(
-            task_id=req.task_id, worker_id=req.worker_id, policy_version=req.policy_version,
-            env_steps=self.env_steps, train_iterations=self.train_iterations,
-            episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
-            length_mean=det.length_mean, wall_time=self.clock() - self.started_at,
-            deterministic=det, stochastic=sto)
-        self.tasks.end(rec.task_id, TaskState.FINISHED)
-        self.evaluations.append(result)
-        self.runlog.on_evaluation(result)
-        if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
-            self.best_evaluation = result
-            self._keep_best_policy(result)
-        self._forget_evaluated(result.task_id)
-        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f", result.policy_version,
-                 result.env_steps, result.return_mean, result.return_std)
+        self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
+        result = self.eval_schedule.report(req, self.env_steps, self.train_iterations,
+                                           self.clock() - self.started_at,
+                                           self.runlog.on_evaluation)
         stop_value = self.cfg.eval.stop_value
         if stop_value is not None and result.return_mean >= stop_value:
             self.solved = True
             self.stop(f"solved: evaluation return {result.return_mean:.1f} >= {stop_value}")
         return result
-
-    def _keep_best_policy(self, result: EvaluationResult) -> None:
-        """Keep the weights of the best-evaluated policy as `best_policy` in storage (and
-        `best_policy.safetensors` in the run directory): they are the run's result. The
-        collector stored what it evaluated under `evaluated-<task id>`, because published
-        versions are pruned long before an evaluation ends."""
-        try:
-            blob = self.storage.get_blob(evaluated_blob(result.task_id))
-            if blob is None:
-                log.warning("no weights stored for evaluation %s; best policy not updated",
-                            result.task_id)
-                return
-            self.storage.put_blob("best_policy", blob)
-        except Exception:  # storage trouble must not fail the evaluation report
-            log.exception("could not keep the policy of evaluation %s", result.task_id)
-            return
-        self.best_policy_version = result.policy_version
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.run_dir / "best_policy.safetensors.tmp"
-            tmp.write_bytes(blob)
-            tmp.replace(self.run_dir / "best_policy.safetensors")
-
-    def _forget_evaluated(self, task_id: str) -> None:
-        try:
-            self.storage.delete_blob(evaluated_blob(task_id))
-        except Exception:  # an orphaned blob is harmless; logged for the operator
-            log.exception("could not delete the weights of evaluation %s", task_id)
 
     # -- background threads -----------------------------------------------------------------
 
@@ -599,27 +543,18 @@ class Coordinator:
             self._worker_gone(worker, "worker died")
         if self.tasks.any_unassigned():
             self._offer_unassigned()
-        for rec in self.tasks.active(TaskKind.EVALUATE):
-            if now - rec.created_at > EVAL_TIMEOUT_S:
-                self.tasks.end(rec.task_id, TaskState.FAILED, "evaluation timed out")
+        self.eval_schedule.expire(now)
         self._rates.append((now, self.env_steps, self.train_iterations))
         stop = self.cfg.stop
         if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
             self.stop(f"max_env_steps={stop.max_env_steps} reached")
         if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
             self.stop(f"max_wall_s={stop.max_wall_s} reached")
-        self._maybe_start_evaluation()
+        if not self.stopped:
+            self.eval_schedule.maybe_start(self.policy_version, self.env_steps,
+                                           self.train_iterations)
         self.runlog.on_tick(self.env_steps, self._info_scalars())
-        every = self.cfg.coordinator.snapshot_interval_s
-        if every is not None and now - self._last_snapshot >= every:
-            try:
-                self.save_snapshot()
-            except StorageError as err:  # an outage: the next tick tries again
-                log.warning("snapshot not saved: %s", err)
-                self._last_snapshot = now
-        if now - self._last_gc >= self.cfg.coordinator.gc_interval_s:
-            self._last_gc = now
-            self._delete_q.put(_GC)
+        self.durability.tick(now)
 
     def _info_scalars(self) -> dict[str, float]:
         """The `info` scope: buffers, counters and the cluster, flat."""
@@ -636,193 +571,43 @@ class Coordinator:
         for key in ("acknowledged", "in_buffers", "evicted", "consumed"):
             out[f"ledger/{key}"] = float(ledger[key])
         out.update({f"ledger/dropped/{k}": float(v) for k, v in ledger["dropped"].items()})
-        out["ledger/orphans_deleted"] = float(self.orphans_deleted)
+        out["ledger/orphans_deleted"] = float(self.durability.orphans_deleted)
         for role in (Role.COLLECTOR, Role.LEARNER):
             out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
         active = [r for r in self.tasks.all() if r.active]
         out["cluster/tasks_active"] = float(len(active))
         for kind in TaskKind:
             out[f"cluster/tasks_{kind.value}"] = float(sum(r.kind is kind for r in active))
+        out.update(self.group.scalars())
         return out
 
     # -- snapshots --------------------------------------------------------------------------
 
     def _counters(self) -> dict:
+        """What a snapshot saves beside the buffers (under `_cond`). The keys are the
+        snapshot format: snapshots written by older versions must still restore."""
         return {"env_steps": self.env_steps, "chunks_accepted": self.chunks_accepted,
                 "episodes": self.episodes, "granted_batches": self.granted_batches,
                 "train_iterations": self.train_iterations,
-                "policy_version": self.policy_version, "next_eval_at": self.next_eval_at,
-                "next_eval_iteration": self.next_eval_iteration,
-                "best_policy_version": self.best_policy_version,
-                "evaluations": [e.model_dump() for e in self.evaluations],
-                "best_evaluation": (self.best_evaluation.model_dump()
-                                    if self.best_evaluation else None),
+                "policy_version": self.policy_version, **self.eval_schedule.counters(),
                 "ledger": dict(self.replay.released_by),
                 "wall_seconds": self.clock() - self.started_at,
                 "first_chunk_s": (self.first_chunk_at - self.started_at
                                   if self.first_chunk_at is not None else None),
                 "tasks": self.tasks.snapshot()}
 
-    def _release(self, dead: list[str]) -> None:
-        """Chunks no buffer refers to any more. With snapshots on, they are deleted only once
-        a snapshot taken after their release is written: the snapshot a restart restores
-        from must never refer to a deleted chunk."""
-        if not dead:
-            return
-        if self.cfg.coordinator.snapshot_interval_s is None:
-            self._delete_q.put(dead)
-            return
-        with self._pending_lock:
-            self._pending_delete.extend(dead)
-
-    def save_snapshot(self, final: bool = False) -> None:
-        """Buffers' indexes and the run's counters to storage: copied under the lock so they
-        describe one moment, encoded and written outside it so requests are not held up.
-        Chunks released before the copy are deleted once it is written."""
-        with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
-            with self._journal_lock, self._cond:
-                state, counters = self.replay.snapshot(), self._counters()
-                self.replay.generation += 1  # later reports go to the next journal
-                generation = self.replay.generation
-                with self._pending_lock:
-                    ready, self._pending_delete = self._pending_delete, []
-            try:
-                self.replay.write_snapshot(self.storage, state, counters, generation)
-            except BaseException:
-                with self._pending_lock:  # not safe to delete yet: keep them for the next
-                    self._pending_delete = ready + self._pending_delete
-                raise
-            self._last_snapshot = self.clock()
-            self.snapshots_saved += 1
-            try:  # the snapshot holds everything the older journals did
-                self.storage.delete_journals(generation)
-            except StorageError as err:
-                log.warning("old journals not deleted (the next snapshot will): %s", err)
-        if ready:
-            if final:  # the janitor has stopped
-                self.storage.delete_chunks(ready)
-            else:
-                self._delete_q.put(ready)
-
-    def restore(self) -> bool:
-        """Continue from storage: the newest snapshot, then every journal from its
-        generation on, in order. False (and a fresh run) if there is neither."""
-        with self._cond:
-            counters = self.replay.load(self.storage)
-            generations = self.storage.journal_generations()
-            if counters is None and not generations:
-                log.info("no snapshot in %s: starting a fresh run", self.storage_url)
-                return False
-            if counters is not None:
-                self._restore_counters(counters)
-            start = self.replay.generation
-            replayed = 0
-            for generation in generations:
-                if generation < start:
-                    continue  # already in the snapshot (its deletion was cut short)
-                for raw in self.storage.read_journal(generation):
-                    record = json.loads(raw)
-                    metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
-                    fresh, dead = self._accept(metas, record["worker_id"])  # dedups
-                    replayed += len(fresh)
-                    self._release(dead)
-            self.replay.generation = max([start, *generations])
-        self.restored_from = {"generation": start, "journalled_chunks": replayed,
-                              "env_steps": self.env_steps}
-        log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "
-                 "journal), %d items in buffers", self.env_steps, start, replayed,
-                 self.replay.size())
-        return True
-
     def _restore_counters(self, counters: dict) -> None:
         for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
-                    "train_iterations", "policy_version", "next_eval_at"):
+                    "train_iterations", "policy_version"):
             setattr(self, key, int(counters[key]))
-        self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
-        self.best_policy_version = counters.get("best_policy_version")
-        self.evaluations.extend(EvaluationResult.model_validate(e)
-                                for e in counters.get("evaluations", []))
-        if counters.get("best_evaluation"):
-            self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
+        self.eval_schedule.restore(counters)
         now = self.clock()
         self.started_at = now - float(counters.get("wall_seconds", 0.0))
         if counters.get("first_chunk_s") is not None:
             self.first_chunk_at = self.started_at + float(counters["first_chunk_s"])
-        restored = self.tasks.restore(counters.get("tasks", {}))
-        for rec in restored:
-            if rec.kind is TaskKind.EVALUATE:  # its report would find no one: run it again
-                self.tasks.end(rec.task_id, TaskState.FAILED, "coordinator restarted")
-                self.next_eval_at = min(self.next_eval_at, self.env_steps)
-                self.next_eval_iteration = min(self.next_eval_iteration,
-                                               self.train_iterations)
-
-    def _commander_loop(self) -> None:
-        while True:
-            rec = self._push_q.get()
-            if rec is None or self._closing.is_set():
-                return
-            if rec.active:
-                self._push(rec)
-
-    def _janitor_loop(self) -> None:
-        while True:
-            item = self._delete_q.get()
-            if item is None:
-                return
-            gc = item == _GC
-            ids: list[str] = [] if gc else list(item)
-            while True:  # batch whatever else is already waiting
-                try:
-                    more = self._delete_q.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._delete_q.put(None)
-                    break
-                if more == _GC:
-                    gc = True
-                else:
-                    ids.extend(more)
-            try:
-                if ids:
-                    self.storage.delete_chunks(ids)
-                if gc:
-                    self.collect_garbage()
-            except StorageError as err:  # an outage: what is left is found by a later GC
-                log.warning("storage clean-up failed (%d ids): %s", len(ids), err)
-            except Exception:  # the janitor must survive a bug; logged for the operator
-                log.exception("storage clean-up failed")
-
-    def collect_garbage(self) -> list[str]:
-        """Delete chunks in storage that no buffer holds, that are not waiting for a
-        snapshot before deletion, and that nobody announced for `orphan_grace_s`: written
-        by a collector that died before announcing them, or released by a coordinator that
-        died before deleting them. Returns the ids deleted."""
-        stored = self.storage.list_chunks()
-        now = self.clock()
-        with self._cond, self._pending_lock:
-            pending = set(self._pending_delete)
-            orphans = {c for c in stored if c not in self.replay.registry and c not in pending}
-        for chunk_id in [c for c in self._unannounced if c not in orphans]:
-            del self._unannounced[chunk_id]
-        for chunk_id in orphans:
-            self._unannounced.setdefault(chunk_id, now)
-        grace = self.cfg.coordinator.orphan_grace_s
-        expired = [c for c, seen in self._unannounced.items() if now - seen >= grace]
-        if not expired:
-            return []
-        with self._cond:  # reported since the listing? then it is not an orphan
-            expired = [c for c in expired if c not in self.replay.registry]
-            for chunk_id in expired:  # a report arriving after this is refused
-                self._gc_deleted[chunk_id] = None
-            while len(self._gc_deleted) > 100_000:
-                self._gc_deleted.popitem(last=False)
-        self.storage.delete_chunks(expired)
-        for chunk_id in expired:
-            self._unannounced.pop(chunk_id, None)
-        self.orphans_deleted += len(expired)
-        log.warning("deleted %d chunks nobody announced within %.0fs", len(expired), grace)
-        return expired
+        for rec in self.tasks.restore(counters.get("tasks", {})):
+            if rec.kind is TaskKind.EVALUATE:
+                self.eval_schedule.rerun(rec, self.env_steps, self.train_iterations)
 
     # -- reading state ----------------------------------------------------------------------
 
@@ -861,20 +646,23 @@ class Coordinator:
     def status(self) -> dict:
         now = self.clock()
         steps_per_s, iters_per_s = self.rates()
-        latest = self.evaluations[-1].model_dump() if self.evaluations else None
-        best = self.best_evaluation.model_dump() if self.best_evaluation else None
+        evals = self.eval_schedule
+        latest = evals.evaluations[-1].model_dump() if evals.evaluations else None
+        best = evals.best_evaluation.model_dump() if evals.best_evaluation else None
         returns = list(self.recent_returns)
         with self._cond:
             buffers = self.replay.stats()
             ledger = self.replay.ledger(self.chunks_accepted)
-        ledger.update(orphans_deleted=self.orphans_deleted,
-                      unannounced=len(self._unannounced),
+            group = self.group.status(self.started_at)
+        ledger.update(orphans_deleted=self.durability.orphans_deleted,
+                      unannounced=self.durability.unannounced,
                       journal_generation=self.replay.generation)
         return {
             "run": {"name": self.cfg.name,
                     "state": ("stopped" if self.stopped else "paused" if self.paused
                               else "running"),
                     "paused": self.paused, "collectors_desired": self.collectors_desired,
+                    "learners_desired": self.group.learners_desired,
                     "stop_reason": self.stop_reason, "solved": self.solved,
                     "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
                     "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url,
@@ -900,8 +688,9 @@ class Coordinator:
             "latest_evaluation": latest,
             "best_evaluation": best,
             "ledger": ledger,
+            "learner_group": group,
         }
 
 
-__all__ = ["Coordinator", "RateLimited", "UnknownBuffer", "UnknownTask", "UnknownWorker",
-           "WrongWorker"]
+__all__ = ["Coordinator", "RateLimited", "StaleGeneration", "UnknownBuffer", "UnknownTask",
+           "UnknownWorker", "WrongWorker"]

@@ -4,6 +4,12 @@ A background thread asks for many batches per request, reads the chunks it does 
 cached (chunks never change, so the cache needs no invalidation, only an LRU bound), builds
 the batches and parks them in a bounded queue. The training loop only ever takes ready
 batches; if the queue is never empty, the learner never waits on the network.
+
+In a learner group (`group`: generation and world size) each request names the next group
+batch wanted (a cursor) and the answer is this rank's shard of the group's batches, so the
+k-th batch taken here is shard `rank` of group batch k on every rank. An answer that does not
+start where the cursor is (a lost one was answered again) is dropped; a 409 means the group
+has moved on to another generation, and the prefetcher stops (`group_ended`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ class Prefetcher:
     def __init__(self, client: HttpClient, storage: Storage, worker_id: str, batch_size: int,
                  batches_per_request: int, depth: int, cache_size: int,
                  mix: list[MixShare] | None = None,
-                 by_buffer: dict[str, int] | None = None) -> None:
+                 by_buffer: dict[str, int] | None = None,
+                 group_generation: int | None = None) -> None:
         self.client = client
         self.worker_id = worker_id
         self.batch_size = batch_size
@@ -46,6 +53,11 @@ class Prefetcher:
         self.dropped_responses = 0
         self.sample_wait_s = 0.0
         self.fetch_s = 0.0
+        self.group_generation = group_generation
+        self.cursor = 0  # group mode: the next group batch wanted
+        self.group_ended = threading.Event()
+        self.broken: str | None = None  # why this rank must leave its generation itself
+        self.seen_generation: int | None = None  # what the last answer said the group is at
         self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
 
     def start(self) -> Prefetcher:
@@ -63,7 +75,11 @@ class Prefetcher:
         req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
                             num_batches=self.batches_per_request, wait_s=1.0, mix=self.mix,
                             by_buffer=self.by_buffer)
-        while not self._closing.is_set():
+        grouped = self.group_generation is not None
+        while not self._closing.is_set() and not self.group_ended.is_set():
+            if grouped:
+                req = req.model_copy(update={"group_generation": self.group_generation,
+                                             "group_cursor": self.cursor})
             t0 = time.perf_counter()
             try:
                 resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
@@ -73,25 +89,45 @@ class Prefetcher:
                     self.rate_limited += 1
                     self.sample_wait_s += time.perf_counter() - t0
                     continue
+                if err.status == 409 and grouped:  # the group re-formed, or this rank
+                    log.info("sample: %s", err)  # is out of step with it: re-form
+                    if err.body.get("field") == "group_cursor":
+                        self.broken = f"out of step with the group: {err}"
+                    self.group_ended.set()
+                    return
                 log.warning("sample request failed: %s", err)
                 self._closing.wait(0.5)
                 continue
             self.sample_wait_s += time.perf_counter() - t0
+            self.seen_generation = resp.group_generation
             if resp.stop:
                 self.stop_run.set()
             if not resp.chunk_ids or resp.num_batches == 0:
                 continue
+            if grouped:
+                if resp.first_seq != self.cursor:
+                    log.warning("group batch %s answered for cursor %d: dropped",
+                                resp.first_seq, self.cursor)
+                    continue
+                self.cursor += resp.num_batches
             t1 = time.perf_counter()
             try:
                 offsets = self.arena.offsets(resp.chunk_ids)
             except ChunkNotFound as err:
-                # Evicted and deleted between sampling and reading: skip these batches.
+                # Evicted and deleted between sampling and reading: skip these batches (in a
+                # group every rank must learn from group batch k together: re-form instead).
                 self.dropped_responses += 1
                 log.info("dropping a sample response: %s", err)
+                if grouped:
+                    self.broken = f"a chunk of group batch {resp.first_seq} is gone: {err}"
+                    self.group_ended.set()
+                    return
                 continue
             except StorageError as err:  # an outage: sample afresh once it is over
                 self.dropped_responses += 1
                 log.warning("dropping a sample response, storage unavailable: %s", err)
+                if grouped:
+                    self.cursor -= resp.num_batches  # ask for the same shard again
                 self._closing.wait(0.5)
                 continue
             batches = assemble_from(self.arena.columns, offsets, resp.parts, resp.num_batches,

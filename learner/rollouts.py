@@ -1,5 +1,9 @@
 """Feeding an on-policy learner: whole chunks from a queue buffer, gathered into rollouts.
 
+In a learner group the coordinator cuts the rollouts itself and deals each one's chunks out
+among the ranks (`next_share`): every rank learns on its share of rollout k together, even a
+share that is empty or all stale (the collectives need every rank).
+
 Each chunk the coordinator hands out is used by exactly one learn round, or dropped here if
 the policy that acted it is more than `max_policy_lag` versions older than the learner's
 (the coordinator's queue drops by the same rule before handing out; the learner checks again
@@ -59,6 +63,9 @@ class RolloutFeeder:
     _pending: list[tuple[str, dict[str, np.ndarray], int]] = field(default_factory=list)
     _rows: int = 0
     _unread: list[str] = field(default_factory=list)  # handed out, storage was out: read later
+    cursor: int = 0  # group mode: the next rollout wanted
+    group_ended: bool = False  # group mode: the coordinator answered 409 (a new generation)
+    broken: str | None = None  # group mode: why this rank must leave its generation itself
 
     def take_consumed(self) -> list[Consumed]:
         out = [Consumed(buffer=self.buffer, chunk_ids=self.consumed)] if self.consumed else []
@@ -111,6 +118,53 @@ class RolloutFeeder:
                 continue
             self._pending.append((cid, arrays, version))
             self._rows += rows
+
+    def next_share(self, generation: int, learner_version: int) -> RolloutBatch | None:
+        """This rank's share of group rollout `cursor` (its data `{}` when the share is empty
+        or all stale), or None if it is not there yet (or the group moved on)."""
+        req = SampleRequest(worker_id=self.worker_id, batch_size=1, num_batches=1, wait_s=1.0,
+                            mix=[MixShare(buffer=self.buffer, fraction=1.0)],
+                            group_generation=generation, group_cursor=self.cursor)
+        try:
+            resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
+                                    retries=0)
+        except HttpError as err:
+            if err.status == 409:
+                self.group_ended = True
+                if err.body.get("field") == "group_cursor":
+                    self.broken = f"out of step with the group: {err}"
+            elif err.status != 429:
+                log.warning("sample request failed: %s", err)
+            return None
+        self.stop_run = self.stop_run or resp.stop
+        if resp.first_seq != self.cursor:
+            return None
+        try:
+            blobs = self._read(resp.chunk_ids)
+        except StorageError as err:  # asked again for the same share once storage is back
+            log.warning("could not read a rollout share of %d chunks: %s", len(resp.chunk_ids),
+                        err)
+            return None
+        self.cursor += 1
+        kept, ids = [], []
+        for cid, blob in zip(resp.chunk_ids, blobs, strict=True):
+            self.consumed.append(cid)
+            if not blob:
+                continue
+            arrays, meta = decode_arrays(blob)
+            version = int(meta.get("policy_version", "-1"))
+            if is_stale(version, learner_version, self.max_policy_lag):
+                self.dropped_chunks += 1
+                self.dropped_rows += len(arrays["reward"])
+                continue
+            kept.append((arrays, version))
+            ids.append(cid)
+        if not kept:
+            return RolloutBatch({}, [], 0, 0.0, 0)
+        lengths = np.array([len(a["reward"]) for a, _ in kept])
+        lags = np.array([max(0, learner_version - v) for _, v in kept])
+        return RolloutBatch(concat_chunks([a for a, _ in kept]), ids, int(lengths.sum()),
+                            float((lags * lengths).sum() / lengths.sum()), int(lags.max()))
 
     def _read(self, chunk_ids: list[str]) -> list[bytes]:
         """The chunks' bytes; b"" for one that is missing (cannot happen to a chunk in

@@ -1,4 +1,13 @@
-"""The learner service: train on what the coordinator samples, publish policy versions."""
+"""The learner service: train on what the coordinator samples, publish policy versions.
+
+Every learner is a member of the run's learner group (`learner/group.py`), even alone: it asks
+the coordinator for its place (`POST /api/v1/learner-group`), forms the generation it is
+given, adopts rank 0's state, and trains until the generation ends (the coordinator says so
+in a heartbeat or a 409, or one of its collectives fails); then it asks again. A group of one
+trains exactly as a lone learner always did. Only the publisher (rank 0) publishes policy
+versions and writes checkpoints; every rank reports its own learn-info (its priorities, the
+chunks it consumed, its metrics), which the coordinator merges.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +15,15 @@ import logging
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
 from learner.checkpoints import CheckpointStore
 from learner.feedback import PriorityFeedback
+from learner.group import GroupError, GroupMember
 from learner.prefetch import Prefetcher
 from learner.rollouts import RolloutFeeder
 from shared.algos.base import Policy, make_policy
@@ -22,6 +34,9 @@ from shared.http import HttpError
 from shared.schemas import (
     API,
     Consumed,
+    GroupAssignment,
+    GroupSyncRequest,
+    HeartbeatResponse,
     LearnInfo,
     LearnInfoResponse,
     LearnTask,
@@ -30,7 +45,7 @@ from shared.schemas import (
     TaskAccepted,
     TaskEnvelope,
 )
-from shared.storage import Storage, StorageError, open_storage
+from shared.storage import Storage, StorageError, VersionConflict, open_storage
 from shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
@@ -62,6 +77,14 @@ class LearnerService(WorkerService):
         self.checkpoint_s = 0.0
         self.resumed_from: int | None = None
         self._timer_mark: tuple[int, dict[str, float]] = (0, {})
+        # The learner group.
+        self.member: GroupMember | None = None
+        self.assignment: GroupAssignment | None = None
+        self.group_generation_seen: int | None = None  # from the last heartbeat
+        self.formations = 0
+        self._formed_ok = False  # in a process group of the current assignment
+        self._allreduce_s = 0.0  # in collectives of generations before the current one
+        self._progress: deque[tuple[float, int]] = deque(maxlen=64)
 
     def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
         task = envelope.task
@@ -100,6 +123,8 @@ class LearnerService(WorkerService):
             try:
                 storage.put_weights(version, blob)
                 break
+            except VersionConflict as err:  # another learner publishes: this one must not
+                raise GroupError(f"not the publisher any more: {err}") from err
             except StorageError as err:
                 if self._closing.is_set():
                     raise
@@ -109,6 +134,19 @@ class LearnerService(WorkerService):
                 delay = min(2 * delay, 5.0)
         self.policy_version = version  # only once it is in storage
         self.publish_s += time.perf_counter() - t0
+
+    @property
+    def publisher(self) -> bool:
+        """Publishes policy versions and writes checkpoints: rank 0 of the group."""
+        return self.assignment is None or self.assignment.publisher
+
+    @property
+    def world_size(self) -> int:
+        return self.assignment.world_size if self.assignment else 1
+
+    def _allreduce_seconds(self) -> float:
+        reducer = self.member.reducer if self.member else None
+        return self._allreduce_s + (reducer.seconds if reducer else 0.0)
 
     def _report(self, policy: Policy, consumed: list[Consumed] | None = None) -> bool:
         """Send learn-info; True when the coordinator says the run is over. Consumed chunk
@@ -134,7 +172,8 @@ class LearnerService(WorkerService):
         """ms per train iteration since the last report, by phase."""
         now = {"sample_wait": self.wait_s, "update": max(0.0, self.update_s - self.publish_s),
                "publish": self.publish_s,
-               "chunk_fetch": self.prefetcher.fetch_s if self.prefetcher else 0.0}
+               "chunk_fetch": self.prefetcher.fetch_s if self.prefetcher else 0.0,
+               "allreduce": self._allreduce_seconds()}
         its = policy.train_iterations - self._timer_mark[0]
         out = {}
         if its > 0:
@@ -145,7 +184,7 @@ class LearnerService(WorkerService):
 
     def _maybe_checkpoint(self, policy: Policy, force: bool = False) -> None:
         every = self.cfg_checkpoint_every
-        if self.checkpoints is None or (not force and policy.train_iterations
+        if self.checkpoints is None or not self.publisher or (not force and policy.train_iterations
                                         - self.last_checkpoint < every):
             return
         if policy.train_iterations == self.last_checkpoint and self.last_checkpoint > 0:
@@ -196,28 +235,143 @@ class LearnerService(WorkerService):
             # Versions only ever increase, also across learner restarts.
             latest = storage.latest_version()
             self.policy_version = -1 if latest is None else latest
-            self._publish(storage, policy)
-            if policy.on_policy:
-                self._run_on_policy(cfg, storage, policy, queues[0])
-            else:
-                self._run_off_policy(cfg, storage, policy)
-            self._publish(storage, policy)
-            self._maybe_checkpoint(policy, force=True)
+            host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
+            self.member = GroupMember(host, cfg.learner.group_port,
+                                      cfg.learner.collective_timeout_s)
+            self._train_in_group(cfg, storage, policy, queues)
+            if self.publisher and self.assignment is not None:
+                self._publish(storage, policy)
+                self._maybe_checkpoint(policy, force=True)
             self._report(policy, self.feeder.take_consumed() if self.feeder else None)
         finally:
+            if self.member is not None:
+                self.member.close()
             storage.close()
 
-    def _run_off_policy(self, cfg: RunConfig, storage: Storage, policy: Policy) -> None:
+    def _train_in_group(self, cfg: RunConfig, storage: Storage, policy: Policy,
+                        queues: list[str]) -> None:
+        """Join a generation, train in it until it ends, join the next; until the run ends."""
+        broken: str | None = None
+        while not self._closing.is_set():
+            assignment = self._sync_group(broken)
+            if assignment is None:
+                return
+            broken = None
+            try:
+                if self.assignment is None or assignment.generation != \
+                        self.assignment.generation or not self._formed_ok:
+                    self._form(assignment, policy, storage)
+                if policy.on_policy:
+                    over = self._run_on_policy(cfg, storage, policy, queues[0])
+                else:
+                    over = self._run_off_policy(cfg, storage, policy)
+            except GroupError as err:
+                log.warning("learner group generation %d broke: %s", assignment.generation,
+                            err)
+                self._formed_ok = False
+                broken = str(err)[:2000]
+                continue
+            if over:
+                return
+
+    def _sync_group(self, broken: str | None) -> GroupAssignment | None:
+        """This learner's place in the current generation; waits as a standby while it has
+        none. None when the learner is closing."""
+        assert self.member is not None
+        req = GroupSyncRequest(worker_id=self.agent.worker_id,
+                               store_addr=self.member.store_addr,
+                               generation=self.assignment.generation if self.assignment
+                               else None, broken=broken)
+        while not self._closing.is_set():
+            try:
+                got = self.agent.client.post(f"{API}/learner-group", req, GroupAssignment)
+            except HttpError as err:
+                log.warning("learner group sync failed: %s", err)
+                self._closing.wait(0.5)
+                continue
+            self.group_generation_seen = None
+            if got.rank is not None:
+                return got
+            if self.assignment is None or self.assignment.generation != got.generation:
+                log.info("standby in learner group generation %d (%d ranks)", got.generation,
+                         got.world_size)
+                self._leave_generation()
+                self.assignment = got
+            req = req.model_copy(update={"broken": None, "generation": got.generation})
+            self._closing.wait(1.0)
+        return None
+
+    def _leave_generation(self) -> None:
+        assert self.member is not None
+        self._allreduce_s = self._allreduce_seconds()
+        self.member.leave()
+        self._formed_ok = False
+
+    def _form(self, assignment: GroupAssignment, policy: Policy, storage: Storage) -> None:
+        """Join `assignment`'s process group and adopt rank 0's state and policy version;
+        the publisher then announces a version of its own (collectors follow it)."""
+        assert self.member is not None
+        if assignment.world_size > 1 and not hasattr(policy, "set_reducer"):
+            raise ConfigError(f"algo.policy={type(policy).__name__} has no set_reducer: it "
+                              "cannot learn in a group; use learner.count: 1")
+        self._leave_generation()
+        self.assignment = assignment
+        reducer = self.member.form(assignment)
+        if hasattr(policy, "set_reducer"):
+            policy.set_reducer(reducer)
+        latest = self.policy_version
+        if assignment.publisher:
+            try:  # another rank may have published since this one last looked
+                latest = max(latest, storage.latest_version() or -1)
+            except StorageError as err:
+                log.warning("latest policy version unknown (%s): going on from %d", err, latest)
+        if assignment.world_size > 1:
+            state, latest = self.member.broadcast_state(
+                policy.state_dict() if assignment.rank == 0 else None, latest)
+            if assignment.rank != 0:
+                policy.load_state_dict(state)
+        self.policy_version = latest
+        self.train_iterations = policy.train_iterations
+        self._formed_ok = True
+        self.formations += 1
+        log.info("learner group generation %d formed: rank %s of %d, train iteration %d, "
+                 "policy version %d", assignment.generation, assignment.rank,
+                 assignment.world_size, policy.train_iterations, self.policy_version)
+        if assignment.publisher:
+            self._publish(storage, policy)
+
+    def _generation_moved(self) -> bool:
+        """A heartbeat told of a newer generation. Only newer: an answer sent before this
+        learner's last sync may tell of an older one (a coordinator that restarted and
+        counts generations anew answers the next sample request with 409 instead)."""
+        seen = self.group_generation_seen
+        return (self.assignment is not None and seen is not None
+                and seen > self.assignment.generation)
+
+    def on_heartbeat(self, hb: HeartbeatResponse) -> None:
+        if hb.group_generation is not None:
+            self.group_generation_seen = hb.group_generation
+
+    def _run_off_policy(self, cfg: RunConfig, storage: Storage, policy: Policy) -> bool:
+        """Train until the run ends (True) or the generation does (False)."""
+        grouped = self.world_size > 1
+        assert self.assignment is not None
         self.prefetcher = prefetcher = Prefetcher(
             self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
             cfg.learner.batches_per_request, cfg.learner.prefetch_requests,
             cfg.learner.chunk_cache,
-            mix=[MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
-            ).start()
+            mix=[MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix],
+            group_generation=self.assignment.generation if grouped else None).start()
         last_report = 0.0
         step_metrics: dict[str, Any] = {}
         try:
             while not self._closing.is_set() and not prefetcher.stop_run.is_set():
+                if prefetcher.group_ended.is_set():  # what it still holds is not learned
+                    if prefetcher.broken:   # from: the other ranks may have moved on
+                        raise GroupError(prefetcher.broken)
+                    return False
+                if self._generation_moved():
+                    return False
                 t0 = time.perf_counter()
                 batches = prefetcher.get(timeout=0.5)
                 t1 = time.perf_counter()
@@ -229,39 +383,57 @@ class LearnerService(WorkerService):
                     step_metrics = out.metrics
                     if batch.item_refs and out.priorities is not None:
                         self.feedback.add(batch, out.priorities)
-                    if policy.train_iterations % cfg.learner.publish_every == 0:
+                    if self.publisher and \
+                            policy.train_iterations % cfg.learner.publish_every == 0:
                         self._publish(storage, policy)
-                self.train_iterations = policy.train_iterations
+                    self.train_iterations = policy.train_iterations
+                    # Within a response too: with a large network one response is seconds
+                    # of updates, and progress (and priorities) should not wait for its end.
+                    if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
+                        last_report = time.monotonic()
+                        self.metrics = {k: float(v) for k, v in step_metrics.items()}
+                        self.metrics.update(self._optimizer_metrics(policy))
+                        if self._report(policy):
+                            return True
                 self.update_s += time.perf_counter() - t1
                 self._maybe_checkpoint(policy)
-                if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
-                    last_report = time.monotonic()
-                    self.metrics = {k: float(v) for k, v in step_metrics.items()}
-                    self.metrics.update(self._optimizer_metrics(policy))
-                    if self._report(policy):
-                        break
+            return True
         finally:
             prefetcher.close()
 
     def _run_on_policy(self, cfg: RunConfig, storage: Storage, policy: Policy,
-                       buffer: str) -> None:
-        """Gather a rollout of whole chunks, learn on it once, publish, report the chunks
-        consumed: the data of every round was acted by the last few policy versions."""
+                       buffer: str) -> bool:
+        """Gather a rollout of whole chunks (in a group: this rank's share of the group's
+        rollout), learn on it once, publish, report the chunks consumed: the data of every
+        round was acted by the last few policy versions. True when the run ends, False when
+        the generation does."""
+        grouped = self.world_size > 1
+        assert self.assignment is not None
+        if self.feeder is not None and self.feeder.consumed:
+            self._report(policy, self.feeder.take_consumed())
         self.feeder = feeder = RolloutFeeder(
             self.agent.client, storage, self.agent.worker_id, buffer,
             rollout_size=int(getattr(cfg.algo, "rollout_size", cfg.algo.batch_size)),
             max_policy_lag=getattr(cfg.algo, "max_policy_lag", None))
         while not self._closing.is_set() and not feeder.stop_run:
+            if feeder.broken:
+                raise GroupError(feeder.broken)
+            if feeder.group_ended or self._generation_moved():
+                return False
             t0 = time.perf_counter()
-            rollout = feeder.next(self.policy_version)
+            if grouped:
+                rollout = feeder.next_share(self.assignment.generation, self.policy_version)
+            else:
+                rollout = feeder.next(self.policy_version)
             t1 = time.perf_counter()
             self.wait_s += t1 - t0
             if rollout is None:
                 if feeder.consumed and self._report(policy, feeder.take_consumed()):
-                    break  # dropped chunks are reported even when no rollout filled
+                    return True  # dropped chunks are reported even when no rollout filled
                 continue
             out = policy.learn(rollout.data)
-            self._publish(storage, policy)
+            if self.publisher:
+                self._publish(storage, policy)
             self.train_iterations = policy.train_iterations
             self.update_s += time.perf_counter() - t1
             self.learn_rounds += 1
@@ -274,7 +446,8 @@ class LearnerService(WorkerService):
                                 dropped_stale_rows=float(feeder.dropped_rows),
                                 learn_rounds=float(self.learn_rounds))
             if self._report(policy, feeder.take_consumed()):
-                break
+                return True
+        return True
 
     @staticmethod
     def _optimizer_metrics(policy: Policy) -> dict[str, float]:
@@ -283,9 +456,30 @@ class LearnerService(WorkerService):
             return {}
         return {"learning_rate": float(optimizer.param_groups[0]["lr"])}
 
+    def updates_per_s(self) -> float:
+        now = time.monotonic()
+        self._progress.append((now, self.train_iterations))
+        recent = [p for p in self._progress if p[0] >= now - 10.0]
+        (t0, i0), (t1, i1) = recent[0], recent[-1]
+        return (i1 - i0) / (t1 - t0) if t1 > t0 else 0.0
+
     def heartbeat_status(self) -> dict[str, float]:
+        a = self.assignment
         return {"train_iterations": float(self.train_iterations),
-                "policy_version": float(self.policy_version)}
+                "policy_version": float(self.policy_version),
+                "updates_per_s": round(self.updates_per_s(), 2),
+                "group_generation": float(a.generation if a else -1),
+                "group_rank": float(a.rank if a and a.rank is not None else -1),
+                "group_world_size": float(a.world_size if a else 0)}
+
+    def group_status(self) -> dict[str, Any] | None:
+        a = self.assignment
+        if a is None:
+            return None
+        return {"generation": a.generation, "rank": a.rank, "world_size": a.world_size,
+                "publisher": a.publisher, "ranks": a.ranks, "formations": self.formations,
+                "allreduce_s": round(self._allreduce_seconds(), 3),
+                "store_addr": self.member.store_addr if self.member else None}
 
     def status(self) -> dict[str, Any]:
         busy = self.update_s + self.wait_s
@@ -301,6 +495,7 @@ class LearnerService(WorkerService):
                 "resumed_from_iteration": self.resumed_from,
                 "last_checkpoint_iteration": self.last_checkpoint,
                 "dropped_stale_chunks": self.feeder.dropped_chunks if self.feeder else 0,
+                "group": self.group_status(),
                 "error": self.error}
 
     def on_run_stopped(self) -> None:

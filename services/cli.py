@@ -132,21 +132,27 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    """Ask the run for N collectors: `rlfleet up` starts or drains its own; under compose or
-    Kubernetes use their scale commands (the coordinator records the wish either way)."""
+    """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own;
+    under compose or Kubernetes use their scale commands (the coordinator records the wish
+    either way, and sizes the learner group to it)."""
     from shared.http import HttpClient, HttpError
     from shared.schemas import API, RunState, ScaleRequest
 
+    if args.collectors is None and args.learners is None:
+        print("rlfleet scale: give --collectors N, --learners N or both", file=sys.stderr)
+        return 2
     client = HttpClient(args.coordinator, timeout_s=5, retries=2)
     try:
-        state = client.post(f"{API}/scale", ScaleRequest(collectors=args.collectors), RunState)
+        state = client.post(f"{API}/scale", ScaleRequest(collectors=args.collectors,
+                                                         learners=args.learners), RunState)
     except HttpError as err:
         print(f"rlfleet scale: {err}", file=sys.stderr)
         return 1
     finally:
         client.close()
     print(f"collectors wanted: {state.collectors_desired} (alive now: "
-          f"{state.collectors_alive}); run {state.state}")
+          f"{state.collectors_alive}); learners wanted: {state.learners_desired} (alive now: "
+          f"{state.learners_alive}); run {state.state}")
     return 0
 
 
@@ -202,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="run a whole cluster as local processes until solved")
     u.add_argument("--config", required=True)
     u.add_argument("--collectors", type=int, default=2)
+    u.add_argument("--learners", type=int, default=None,
+                   help="learners training as one data-parallel group (default: the config's "
+                   "learner.count)")
     u.add_argument("--storage", default=None, help="directory or redis://host:port/db")
     u.add_argument("--run-dir", default=None)
     u.add_argument("--seed", type=int, default=None)
@@ -218,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "directory (buffers, counters, checkpoints and curves)")
     r.add_argument("run_dir", help="runs/<name>, as `rlfleet up` made it")
     r.add_argument("--collectors", type=int, default=None, help="default: as before")
+    r.add_argument("--learners", type=int, default=None, help="default: as before")
     r.add_argument("--max-wall-s", type=float, default=None)
     r.add_argument("--max-env-steps", type=int, default=None)
     r.add_argument("--quiet", action="store_true", help="no live progress line")
@@ -230,8 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", default=None, help="default: <run_dir>/curves.png")
     pl.set_defaults(func=cmd_plot)
 
-    sc = sub.add_parser("scale", help="change the number of collectors of a running run")
-    sc.add_argument("--collectors", type=int, required=True)
+    sc = sub.add_parser("scale", help="change the number of collectors or learners of a "
+                        "running run")
+    sc.add_argument("--collectors", type=int, default=None)
+    sc.add_argument("--learners", type=int, default=None, help="learners in the learner "
+                    "group (the config must split its batch among them)")
     sc.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
     sc.set_defaults(func=cmd_scale)
 

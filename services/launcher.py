@@ -134,6 +134,7 @@ class LocalCluster:
         self.retired: list[Child] = []  # collectors being drained or drained
         self.coordinator: Child | None = None
         self._collector_seq = 0
+        self._learner_seq = 0
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLFLEET_COORDINATOR", None)
 
@@ -184,8 +185,19 @@ class LocalCluster:
         return ["--coordinator", self.coordinator.url]
 
     def start_learner(self) -> Child:
-        return self._spawn("learner", "learner", [*self._worker_args(), "--worker-id",
-                                                  "learner"], free_port())
+        return self.add_learner()
+
+    def add_learner(self) -> Child:
+        """Another learner: it joins the learner group, which re-forms to take it in. The
+        first is `learner`, then `learner-2`, `learner-3`, ..."""
+        self._learner_seq += 1
+        name = "learner" if self._learner_seq == 1 else f"learner-{self._learner_seq}"
+        return self._spawn(name, "learner", [*self._worker_args(), "--worker-id", name],
+                           free_port())
+
+    def learners(self) -> list[Child]:
+        """Learners not being drained, oldest first (a crashed one counts: it restarts)."""
+        return [c for c in self.children if c.role == "learner" and c not in self.retired]
 
     def add_collector(self) -> Child:
         self._collector_seq += 1
@@ -249,7 +261,9 @@ class LocalCluster:
     def retire_collector(self) -> Child | None:
         """Drain the newest collector: SIGTERM makes it finish its chunk, write and report
         everything it holds, end its task and leave, then exit."""
-        active = self.collectors()
+        return self._retire(self.collectors())
+
+    def _retire(self, active: list[Child]) -> Child | None:
         if not active:
             return None
         child = active[-1]
@@ -259,11 +273,20 @@ class LocalCluster:
 
     def reconcile(self, desired: int) -> tuple[list[Child], list[Child]]:
         """Start or drain collectors until `desired` are running; (added, retired)."""
+        return self._reconcile(desired, self.collectors, self.add_collector)
+
+    def reconcile_learners(self, desired: int) -> tuple[list[Child], list[Child]]:
+        """Start or stop learners until `desired` are running (a stopped learner leaves
+        the group, which re-forms without it); (added, retired)."""
+        return self._reconcile(desired, self.learners, self.add_learner)
+
+    def _reconcile(self, desired: int, active: Callable[[], list[Child]],
+                   add: Callable[[], Child]) -> tuple[list[Child], list[Child]]:
         added, retired = [], []
-        while len(self.collectors()) < desired:
-            added.append(self.add_collector())
-        while len(self.collectors()) > desired:
-            child = self.retire_collector()
+        while len(active()) < desired:
+            added.append(add())
+        while len(active()) > desired:
+            child = self._retire(active())
             if child is None:
                 break
             retired.append(child)
@@ -302,7 +325,11 @@ def _resolve(args) -> tuple[Path, Path, str, dict]:
     if args.max_env_steps:
         stop["max_env_steps"] = args.max_env_steps
     # The run's name is its directory's: unique per run, so a shared Redis never mixes runs.
-    cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage, stop=stop)
+    learner = None
+    if getattr(args, "learners", None) is not None:  # validated like the file's learner.count
+        learner = {**cfg.learner.model_dump(), "count": args.learners}
+    cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage, stop=stop,
+                             learner=learner)
     resolved = run_dir / "config.yaml"
     resolved.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return resolved, run_dir, storage, cfg.model_dump(mode="json")
@@ -326,9 +353,11 @@ def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
         cfg = cfg.with_overrides(stop=stop)
         config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     previous = run_dir / "summary.json"
+    before = json.loads(previous.read_text()) if previous.is_file() else {}
     if args.collectors is None:
-        args.collectors = (json.loads(previous.read_text()).get("collectors", 2)
-                           if previous.is_file() else 2)
+        args.collectors = before.get("collectors", 2)
+    if args.learners is None:
+        args.learners = before.get("learners")
     args.config, args.seed = config_path, cfg.seed
     assert cfg.storage is not None  # `up` always writes the storage it used
     return config_path, run_dir, cfg.storage, cfg.model_dump(mode="json")
@@ -340,9 +369,12 @@ def _progress_text(status: dict, elapsed: float) -> str:
     ev_txt = f"{ev['return_mean']:.1f}" if ev else "-"
     alive = sum(1 for w in status["workers"] if w["state"] == "alive"
                 and w["role"] == "collector")
+    group = status.get("learner_group") or {}
+    learners = (f"  learners {group['world_size']} (gen {group['generation']})"
+                if group.get("world_size", 1) > 1 else "")
     return (f"{elapsed:6.1f}s  env steps {c['env_steps']:>9,}  {r['env_steps_per_s']:>8,.0f}/s  "
             f"train it {c['train_iterations']:>8,}  policy v{c['policy_version']:<6}  "
-            f"eval {ev_txt:>6}  collectors {alive}")
+            f"eval {ev_txt:>6}  collectors {alive}{learners}")
 
 
 Say = Callable[[str], None]  # prints one line (rich markup) to the console
@@ -383,14 +415,19 @@ def _supervise(cluster: LocalCluster, say: Say) -> None:
 
 
 def _scale(cluster: LocalCluster, status: dict, say: Say) -> None:
-    """Start or drain collectors to match what `rlfleet scale` asked the run for."""
+    """Start or drain collectors and learners to match what `rlfleet scale` asked for."""
     desired = status["run"].get("collectors_desired")
-    if desired is None or desired == len(cluster.collectors()):
-        return
-    added, retired = cluster.reconcile(desired)
-    if added or retired:
-        say(f"scaling to {desired} collectors: started {[c.name for c in added]}, "
-            f"draining {[c.name for c in retired]}")
+    if desired is not None and desired != len(cluster.collectors()):
+        added, retired = cluster.reconcile(desired)
+        if added or retired:
+            say(f"scaling to {desired} collectors: started {[c.name for c in added]}, "
+                f"draining {[c.name for c in retired]}")
+    learners = status["run"].get("learners_desired")
+    if learners is not None and learners != len(cluster.learners()):
+        added, retired = cluster.reconcile_learners(learners)
+        if added or retired:
+            say(f"scaling to {learners} learners: started {[c.name for c in added]}, "
+                f"stopping {[c.name for c in retired]}")
 
 
 def up(args) -> int:
@@ -416,12 +453,16 @@ def up(args) -> int:
 
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigint)
+    if args.learners is None:
+        args.learners = int(cfg["learner"].get("count", 1))
     console.print(f"[bold]rlfleet {'resume' if resume else 'up'}[/]: {cfg['env']['id']} with "
-                  f"{args.collectors} collectors, storage {storage}, run dir {run_dir}")
+                  f"{args.collectors} collectors, {args.learners} learner"
+                  f"{'s' if args.learners != 1 else ''}, storage {storage}, run dir {run_dir}")
     try:
         cluster.start_coordinator()
         poller = StatusPoller(cluster.coordinator.url, console.print)
-        cluster.start_learner()
+        for _ in range(args.learners):
+            cluster.add_learner()
         for _ in range(args.collectors):
             cluster.add_collector()
         live_ok = console.is_terminal and not args.quiet
@@ -525,6 +566,8 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "run_seconds": s.get("run", {}).get("wall_seconds"),
         "first_chunk_seconds": s.get("run", {}).get("first_chunk_s"),
         "collectors": args.collectors,
+        "learners": getattr(args, "learners", 1),
+        "learner_group": s.get("learner_group"),
         "restarts": restarts or {},  # by child name: how often the launcher restarted it
         "seed": args.seed,
         "storage": storage,

@@ -48,6 +48,21 @@ def print_status(coordinator_url: str) -> int:
         workers.add_row(w["worker_id"], w["role"], w["state"], w["url"],
                         f"{w['seconds_since_heartbeat']:.1f}s ago")
     console.print(workers)
+    group = s.get("learner_group")
+    if group:
+        last = group.get("last_reformation") or {}
+        title = (f"learner group: generation {group['generation']}, world size "
+                 f"{group['world_size']}, {group['reformations']} re-formations"
+                 + (f" (last: {last['reason']})" if last else ""))
+        ranks = Table(title=title)
+        for col in ("rank", "worker", "updates/s", "all-reduce ms"):
+            ranks.add_column(col, justify="right")
+        for r in group["ranks"]:
+            ranks.add_row(str(r["rank"]), r["worker_id"], f"{r['updates_per_s']:,.1f}",
+                          f"{r['allreduce_ms']:.2f}")
+        for w in group.get("standby", []):
+            ranks.add_row("standby", w, "-", "-")
+        console.print(ranks)
     tasks = Table(title="active tasks")
     for col in ("id", "kind", "worker", "state"):
         tasks.add_column(col)

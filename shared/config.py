@@ -147,7 +147,25 @@ class MixPart(_Frozen):
     fraction: float = Field(gt=0, le=1)
 
 
+def split_batch(batch_size: int, fractions: list[float]) -> list[int]:
+    """Items per buffer of a mixed batch: largest remainder, so they add up to batch_size."""
+    raw = [f * batch_size for f in fractions]
+    sizes = [int(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - sizes[i], reverse=True)
+    for i in order[: batch_size - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
 class LearnerConfig(_Frozen):
+    count: int = Field(1, ge=1, le=1024, description="learners training one policy as a "
+                       "data-parallel group (`rlfleet up --learners N`); each takes "
+                       "1/count of every batch")
+    collective_timeout_s: float = Field(30.0, gt=0, le=3600, description="a learner group's "
+                                        "rendezvous and all-reduces fail after this long, so "
+                                        "a hung learner never hangs the group for good")
+    group_port: int = Field(0, ge=0, le=65535, description="port of the TCPStore every "
+                            "learner hosts for the group's rendezvous (0: any free port)")
     mix: tuple[MixPart, ...] = Field(
         (MixPart(buffer="replay", fraction=1.0),), description="one batch drawn from these "
         "buffers in these fractions (they must sum to 1)")
@@ -319,7 +337,37 @@ class RunConfig(_Frozen):
             if name not in names:
                 raise ValueError(f"collector.insert_into names buffer {name!r}, not one of "
                                  f"{sorted(names)}")
+        problem = self.group_problem(self.learner.count)
+        if problem:
+            raise ValueError(f"learner.count={self.learner.count}: {problem}")
         return self
+
+    def group_problem(self, learners: int) -> str | None:
+        """Why a learner group of this size cannot split this config's work, or None."""
+        if learners <= 1:
+            return None
+        if self.algo.name == "ppo" or any(self.buffers[p.buffer].kind == "queue"
+                                          for p in self.learner.mix):
+            rollout = int(getattr(self.algo, "rollout_size", self.algo.batch_size))
+            if rollout < learners:
+                return (f"algo.rollout_size={rollout} is smaller than the group: every "
+                        "learner needs a share of each rollout")
+            return None
+        if self.learner.by_buffer is not None:
+            for name, size in self.learner.by_buffer.items():
+                if size % learners:
+                    return (f"learner.by_buffer.{name}={size} is not divisible by the "
+                            f"{learners} learners")
+            return None
+        sizes = split_batch(self.algo.batch_size, [p.fraction for p in self.learner.mix])
+        if self.algo.batch_size % learners:
+            return (f"algo.batch_size={self.algo.batch_size} is not divisible by the "
+                    f"{learners} learners: the global batch is split evenly among them")
+        for part, size in zip(self.learner.mix, sizes, strict=True):
+            if size % learners:
+                return (f"learner.mix share of buffer {part.buffer!r} is {size} items per "
+                        f"batch, not divisible by the {learners} learners")
+        return None
 
     def with_overrides(self, **changes: Any) -> RunConfig:
         """A copy with top-level fields replaced, validated like a file would be."""
@@ -336,8 +384,14 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
         # A tagged union puts the tag in the path (algo.dqn.lr): users wrote algo.lr.
         if len(parts) > 1 and parts[0] == "algo" and parts[1] in ALGO_NAMES:
             del parts[1]
+        msg = e["msg"]
+        if not parts:  # a check across fields: its message starts with the field it blames
+            msg = msg.removeprefix("Value error, ")
+            named = re.match(r"^([a-z_]+(?:\.[A-Za-z0-9_-]+)*)[=:\s]", msg)
+            if named:
+                parts = [named.group(1)]
         loc = ".".join(parts) or "(root)"
-        lines.append(f"{source}: field '{loc}': {e['msg']}")
+        lines.append(f"{source}: field '{loc}': {msg}")
     return "\n".join(lines)
 
 

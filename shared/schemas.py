@@ -93,6 +93,41 @@ class HeartbeatResponse(Response):
     paused: bool = False
     policy_version: int | None
     env_steps: int
+    group_generation: int | None = Field(None, description="learners: the learner group's "
+                                         "current generation; a learner in an older one "
+                                         "re-forms")
+
+
+# -- the learner group (learner <-> coordinator) ----------------------------------------------
+
+StoreAddr = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$",
+                                 description="host:port of a torch.distributed TCPStore")]
+
+
+class GroupSyncRequest(Request):
+    """A learner asks which generation of the learner group it is in. Sent when it starts,
+    when it sees a newer generation, and when a collective of its generation failed."""
+
+    worker_id: Id
+    store_addr: StoreAddr = Field(description="the TCPStore this learner hosts (used when it "
+                                  "is rank 0)")
+    generation: int | None = Field(None, ge=0, le=MAX_COUNT, description="the generation the "
+                                   "learner is in (null: none yet)")
+    broken: str | None = Field(None, max_length=2048, description="why a collective or the "
+                               "rendezvous of `generation` failed: the group must re-form")
+
+
+class GroupAssignment(Response):
+    """One learner's place in the current generation of the learner group."""
+
+    generation: int
+    epoch: str = Field(description="the coordinator process's id: with the generation, names "
+                       "the rendezvous (a restarted coordinator counts generations anew)")
+    rank: int | None = Field(description="null: standby (the group is full for this config)")
+    world_size: int
+    store_addr: str | None = Field(description="rank 0's TCPStore, where the ranks meet")
+    ranks: list[str] = Field(description="worker ids by rank")
+    publisher: bool = Field(description="this rank publishes policy versions and checkpoints")
 
 
 # -- tasks (coordinator -> worker, POST /task) ----------------------------------------------
@@ -210,9 +245,17 @@ class SampleRequest(Request):
     # The size bound is on the values' type, so the OpenAPI document states it too.
     by_buffer: dict[str, Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
         None, min_length=1, max_length=16, description="or: one batch per buffer, of this size")
+    group_generation: int | None = Field(None, ge=0, le=MAX_COUNT, description="a learner in "
+                                         "a group of several: its generation; the answer is "
+                                         "this rank's shard of the group's batches")
+    group_cursor: int | None = Field(None, ge=0, le=MAX_COUNT, description="with "
+                                     "group_generation: the sequence number of the first "
+                                     "group batch (or rollout) wanted; earlier ones are done")
 
     @model_validator(mode="after")
     def _one_mode(self) -> SampleRequest:
+        if (self.group_generation is None) != (self.group_cursor is None):
+            raise ValueError("give group_generation and group_cursor together")
         if self.mix is not None and self.by_buffer is not None:
             raise ValueError("give either mix or by_buffer, not both")
         if self.mix is not None:
@@ -245,6 +288,9 @@ class SampleResponse(Response):
     train_iterations: int = 0
     policy_version: int = -1
     stop: bool = False
+    group_generation: int | None = Field(None, description="the learner group's generation")
+    first_seq: int | None = Field(None, description="group shards: the sequence number of "
+                                  "the first batch (or rollout) in this answer")
 
 
 class PriorityUpdate(Request):
@@ -374,7 +420,11 @@ class ScaleRequest(Request):
     processes (`rlfleet up`'s launcher; compose or Kubernetes act on their own scale
     commands) reconciles, draining the collectors it removes."""
 
-    collectors: int = Field(ge=0, le=1024)
+    collectors: int | None = Field(None, ge=0, le=1024, description="at least one of "
+                                   "collectors and learners is needed")
+    learners: int | None = Field(None, ge=1, le=1024, description="learners in the learner "
+                                 "group; the config must be able to split its batch among "
+                                 "them")
 
 
 class RunState(Response):
@@ -383,6 +433,8 @@ class RunState(Response):
     stop_reason: str | None = None
     collectors_desired: int | None = None
     collectors_alive: int
+    learners_desired: int | None = None
+    learners_alive: int = 0
 
 
 # -- read-only views (coordinator GET routes) ------------------------------------------------
@@ -467,6 +519,7 @@ class RunInfo(Response):
     state: Literal["running", "paused", "stopped"]
     paused: bool
     collectors_desired: int | None
+    learners_desired: int | None = Field(None, description="set by `rlfleet scale --learners`")
     stop_reason: str | None
     solved: bool
     wall_seconds: float
@@ -520,6 +573,36 @@ class Ledger(Response):
     journal_generation: int = Field(description="the write-ahead journal being appended to")
 
 
+class GroupRank(Response):
+    rank: int
+    worker_id: str
+    updates_per_s: float = Field(description="train iterations per second this rank reported")
+    allreduce_ms: float = Field(description="ms per train iteration in collectives")
+
+
+class GroupReformation(Response):
+    generation: int
+    reason: str = Field(description="joined, left, died, registered again, collective "
+                        "failed, scaled, store moved: then the worker and detail")
+    world_size: int
+    ranks: list[str]
+    at_s: float = Field(description="seconds since the run started")
+
+
+class LearnerGroupStatus(Response):
+    """The data-parallel learner group: its generation and ranks, and how it got there."""
+
+    generation: int
+    world_size: int
+    ranks: list[GroupRank]
+    standby: list[str] = Field(description="learners beyond the size the batch splits among")
+    learners_desired: int | None
+    reformations: int
+    reformations_by_reason: dict[str, int]
+    last_reformation: GroupReformation | None
+    history: list[GroupReformation] = Field(description="the last 10 re-formations")
+
+
 class Status(Response):
     """`GET /status`: the whole run at one glance (`rlfleet status` prints it)."""
 
@@ -538,3 +621,4 @@ class Status(Response):
     latest_evaluation: EvaluationResult | None
     best_evaluation: EvaluationResult | None
     ledger: Ledger
+    learner_group: LearnerGroupStatus

@@ -43,13 +43,15 @@ class WorkerAgent:
                  worker_id: str | None = None,
                  on_registered: Callable[[RegisterResponse], None] | None = None,
                  on_stop: Callable[[], None] | None = None,
-                 status: Callable[[], dict[str, float]] | None = None) -> None:
+                 status: Callable[[], dict[str, float]] | None = None,
+                 on_heartbeat: Callable[[HeartbeatResponse], None] | None = None) -> None:
         self.role = role
         self.advertise_url = advertise_url
         self.requested_id = worker_id
         self.client = HttpClient(coordinator_url, timeout_s=10, retries=3)
         self.on_registered = on_registered
         self.on_stop = on_stop
+        self.on_heartbeat = on_heartbeat
         self.status = status or dict
         self.info: RegisterResponse | None = None
         self.registered = threading.Event()
@@ -95,6 +97,8 @@ class WorkerAgent:
                 self._register()
                 return
             raise
+        if self.on_heartbeat:
+            self.on_heartbeat(hb)
         if hb.stop and not self.stop_requested.is_set():
             self.stop_requested.set()
             if self.on_stop:
@@ -151,7 +155,8 @@ class WorkerService(ABC):
         self.configured = threading.Event()
         self.agent = WorkerAgent(coordinator_url, self.role, advertise_url, worker_id,
                                  on_registered=self._registered, on_stop=self.on_run_stopped,
-                                 status=self.heartbeat_status)
+                                 status=self.heartbeat_status,
+                                 on_heartbeat=self.on_heartbeat)
 
     def _registered(self, info: RegisterResponse) -> None:
         self.config = parse_config(info.config, "coordinator's config")
@@ -183,6 +188,9 @@ class WorkerService(ABC):
 
     def heartbeat_status(self) -> dict[str, float]:
         return {}
+
+    def on_heartbeat(self, hb: HeartbeatResponse) -> None:  # noqa: B027 - optional hook
+        """Called with every heartbeat's answer, on the agent's thread."""
 
     def on_run_stopped(self) -> None:  # noqa: B027 - optional hook
         """The coordinator says the run is over."""

@@ -19,6 +19,12 @@ rows in order) from a queue buffer, once each.
 
 A user's own algorithm: a class with this interface, constructed as `cls(cfg, spec, seed)`,
 named in the config as `algo.policy: "package.module:ClassName"`.
+
+Data parallel: a learner group hands its policy a `Reducer` (`set_reducer`) and gives each
+rank a disjoint shard of every batch. The algorithm sums what must be global through it (its
+gradients, and any statistic taken over a whole batch) so that every rank takes the step one
+learner would take on the whole batch, and all ranks keep identical weights. A policy without
+`set_reducer` can only learn alone (`learner.count: 1`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,19 @@ class LearnOutput:
 
     metrics: dict[str, torch.Tensor | float]
     priorities: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Reducer(Protocol):
+    """Sums tensors over the ranks of a data-parallel learner group. Every rank must call
+    `sum_` the same number of times, in the same order, with tensors of the same shapes: it
+    is a collective, and it raises (after the group's timeout at most) if a rank is gone."""
+
+    rank: int
+    world_size: int
+
+    def sum_(self, tensors: list[torch.Tensor]) -> None:
+        """Replace each tensor, in place, by its sum over all ranks (one collective)."""
 
 
 @runtime_checkable

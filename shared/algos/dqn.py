@@ -2,6 +2,10 @@
 
 Acting is epsilon-greedy, epsilon decaying linearly over the run's global env steps;
 evaluation is greedy (deterministic) or epsilon-greedy with `eval_epsilon` (stochastic).
+
+In a learner group each rank holds an equal shard of the batch; averaging the ranks' gradients
+of their shard means is the gradient of the whole batch's mean, so the step (clipping
+included, since it runs after the average) is the one a single learner would take.
 """
 
 from __future__ import annotations
@@ -14,8 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.algos.base import ActOutput, LearnOutput
-from shared.algos.nets import clip_grad_norm, load_optimizer_state, mlp, optimizer_state
+from shared.algos.base import ActOutput, LearnOutput, Reducer
+from shared.algos.nets import (
+    clip_grad_norm,
+    load_optimizer_state,
+    mlp,
+    optimizer_state,
+    sum_gradients,
+)
 from shared.config import DQNConfig
 from shared.envs import EnvSpec
 
@@ -54,6 +64,11 @@ class DQN:
         self.rng = np.random.default_rng(seed)
         self.version = -1
         self.train_iterations = 0
+        self.reducer: Reducer | None = None
+
+    def set_reducer(self, reducer: Reducer | None) -> None:
+        """Learn as one rank of a data-parallel group (None: alone)."""
+        self.reducer = reducer
 
     # -- acting -----------------------------------------------------------------------------
 
@@ -118,6 +133,8 @@ class DQN:
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.reducer is not None and self.reducer.world_size > 1:
+            sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
         grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
         self.optimizer.step()
 

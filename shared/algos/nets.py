@@ -28,6 +28,26 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     return norm
 
 
+def gradients(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Every parameter's gradient, zeros where backward left none: a collective over them
+    needs the same tensors on every rank, whatever a rank's shard touched."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in params]
+
+
+def sum_gradients(params: list[torch.nn.Parameter], reducer, extra: list[torch.Tensor] = (),
+                  scale: float = 1.0) -> None:
+    """Sum gradients (and `extra` tensors, in the same collective) over a learner group, then
+    multiply the gradients by `scale` (1 / world size turns a sum of per-rank means into the
+    mean over the whole batch)."""
+    grads = gradients(params)
+    reducer.sum_(grads + list(extra))
+    if scale != 1.0:
+        torch._foreach_mul_(grads, scale)
+
+
 def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim."
                     ) -> dict[str, torch.Tensor]:
     """An optimiser's per-parameter tensors and step counts as a flat tensor dict, so a

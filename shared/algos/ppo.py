@@ -21,8 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.algos.base import ActOutput, LearnOutput
-from shared.algos.nets import clip_grad_norm, load_optimizer_state, mlp, optimizer_state
+from shared.algos.base import ActOutput, LearnOutput, Reducer
+from shared.algos.nets import (
+    clip_grad_norm,
+    load_optimizer_state,
+    mlp,
+    optimizer_state,
+    sum_gradients,
+)
 from shared.config import PPOConfig
 from shared.envs import EnvSpec
 
@@ -135,6 +141,11 @@ class PPO:
         self.gen = torch.Generator().manual_seed(seed)
         self.version = -1
         self.train_iterations = 0
+        self.reducer: Reducer | None = None
+
+    def set_reducer(self, reducer: Reducer | None) -> None:
+        """Learn as one rank of a data-parallel group (None: alone)."""
+        self.reducer = reducer
 
     # -- acting -----------------------------------------------------------------------------
 
@@ -197,70 +208,123 @@ class PPO:
         smaller), so every row is used every epoch and no minibatch is a tiny remainder whose
         advantage normalisation would be noise. Metrics are means over all minibatch updates;
         `explained_variance` and `value_mean` describe the collectors' values on the rollout.
+
+        In a learner group, `batch` is this rank's share of the rollout (possibly empty: then
+        `{}`). The rollout is the ranks' shares in rank order; every rank draws the same
+        permutation of all its rows, and minibatch k is split of it, of which each rank
+        holds the rows in its share. Losses are sums over a rank's rows divided by the whole
+        minibatch's size and advantages are normalised with the whole minibatch's mean and
+        std, so the summed gradients are exactly those of one learner on the whole rollout.
         """
         if weights is not None:
             raise ValueError("PPO learns from whole on-policy chunks; importance weights from "
                              "a prioritized buffer do not apply")
         c = self.cfg
+        batch = batch if batch and batch["obs"].shape[0] else self._empty_batch()
+        rows = int(batch["obs"].shape[0])
         old_value = batch["value"].float()
-        adv_np, ret_np = gae(batch["reward"].numpy() * c.reward_scale, old_value.numpy(),
-                             batch["bootstrap_value"].numpy(), batch["terminated"].numpy(),
-                             batch["cut"].numpy(), c.gamma, c.gae_lambda)
-        advantages, returns = torch.from_numpy(adv_np), torch.from_numpy(ret_np)
+        if rows:
+            adv_np, ret_np = gae(batch["reward"].numpy() * c.reward_scale, old_value.numpy(),
+                                 batch["bootstrap_value"].numpy(), batch["terminated"].numpy(),
+                                 batch["cut"].numpy(), c.gamma, c.gae_lambda)
+            advantages, returns = torch.from_numpy(adv_np), torch.from_numpy(ret_np)
+        else:
+            advantages, returns = torch.zeros(0), torch.zeros(0)
         obs = batch["obs"].float()
         action = batch["action"] if self.spec.discrete else batch["action"].float()
         old_log_prob = batch["log_prob"].float()
 
-        rows = obs.shape[0]
-        n_minibatches = max(1, rows // c.batch_size)
+        offset, total = self._rows_before_and_total(rows)
+        if total == 0:
+            return LearnOutput({"rollout_rows": 0.0})
+        n_minibatches = max(1, total // c.batch_size)
         totals = torch.zeros(len(METRICS))
         for _ in range(c.epochs):
-            perm = torch.randperm(rows, generator=self.gen)
+            perm = torch.randperm(total, generator=self.gen)
             for idx in torch.tensor_split(perm, n_minibatches):
-                stats = self._update(obs[idx], action[idx], old_log_prob[idx], old_value[idx],
-                                     advantages[idx], returns[idx])
-                totals += stats
+                mine = idx[(idx >= offset) & (idx < offset + rows)] - offset
+                totals += self._update(obs[mine], action[mine], old_log_prob[mine],
+                                       old_value[mine], advantages[mine], returns[mine],
+                                       int(idx.numel()))
         means = totals / (c.epochs * n_minibatches)
         metrics: dict[str, torch.Tensor | float] = dict(zip(METRICS, means.unbind(0),
                                                             strict=True))
-        metrics["explained_variance"] = explained_variance(old_value, returns)
-        metrics["value_mean"] = old_value.mean()
-        metrics["rollout_rows"] = float(rows)
+        if rows > 1:
+            metrics["explained_variance"] = explained_variance(old_value, returns)
+        if rows:
+            metrics["value_mean"] = old_value.mean()
+        metrics["rollout_rows"] = float(total)
         return LearnOutput(metrics)
 
+    def _rows_before_and_total(self, rows: int) -> tuple[int, int]:
+        """(rows held by lower ranks, rows in the whole rollout): one collective in a group."""
+        r = self.reducer
+        if r is None or r.world_size == 1:
+            return 0, rows
+        counts = torch.zeros(r.world_size, dtype=torch.float64)
+        counts[r.rank] = rows
+        r.sum_([counts])
+        per_rank = counts.round().long().tolist()
+        return int(sum(per_rank[:r.rank])), int(sum(per_rank))
+
+    def _empty_batch(self) -> dict[str, torch.Tensor]:
+        """A rank whose share is empty still takes part in every collective."""
+        action_shape = () if self.spec.discrete else tuple(self.spec.action_shape)
+        empty = {k: torch.zeros(0) for k in ("reward", "value", "bootstrap_value", "log_prob")}
+        empty.update(terminated=torch.zeros(0, dtype=torch.bool),
+                     cut=torch.zeros(0, dtype=torch.bool),
+                     obs=torch.zeros((0, *self.spec.obs_shape)),
+                     action=torch.zeros((0, *action_shape),
+                                        dtype=torch.long if self.spec.discrete else torch.float32))
+        return empty
+
     def _update(self, obs: torch.Tensor, action: torch.Tensor, old_log_prob: torch.Tensor,
-                old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor
-                ) -> torch.Tensor:
-        """One gradient step on one minibatch; its METRICS as one detached tensor."""
+                old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                size: int) -> torch.Tensor:
+        """One gradient step on one minibatch of `size` rows (this rank holds the rows
+        given); its METRICS as one detached tensor, the same on every rank."""
         c = self.cfg
+        group = self.reducer is not None and self.reducer.world_size > 1
         log_prob, entropy = self.net.log_prob_entropy(self.net.head(obs), action)
         value = self.net.value(obs)
 
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
-        if c.norm_adv and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if c.norm_adv and size > 1:
+            # Mean and unbiased std of the whole minibatch, from sums in float64.
+            a64 = advantages.double()
+            sums = torch.stack([a64.sum(), (a64 * a64).sum()])
+            if group:
+                self.reducer.sum_([sums])
+            mean = sums[0] / size
+            std = ((sums[1] - size * mean * mean) / (size - 1)).clamp(min=0.0).sqrt()
+            advantages = ((a64 - mean) / (std + 1e-8)).float()
+        inv = 1.0 / size
         policy_loss = torch.max(-advantages * ratio,
-                                -advantages * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
+                                -advantages * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)
+                                ).sum() * inv
         if c.clip_vloss:
             clipped = old_value + (value - old_value).clamp(-c.clip_coef, c.clip_coef)
-            value_loss = 0.5 * torch.max((value - returns) ** 2, (clipped - returns) ** 2).mean()
+            value_loss = 0.5 * torch.max((value - returns) ** 2,
+                                         (clipped - returns) ** 2).sum() * inv
         else:
-            value_loss = 0.5 * ((value - returns) ** 2).mean()
-        entropy_mean = entropy.mean()
+            value_loss = 0.5 * ((value - returns) ** 2).sum() * inv
+        entropy_mean = entropy.sum() * inv
         loss = policy_loss - c.ent_coef * entropy_mean + c.vf_coef * value_loss
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).sum() * inv  # the low-variance k3 estimator
+            clip_frac = ((ratio - 1).abs() > c.clip_coef).float().sum() * inv
+            stats = torch.stack([policy_loss, value_loss, entropy_mean, approx_kl,
+                                 clip_frac]).detach()
+        if group:  # gradients and metrics in one collective
+            sum_gradients(self._params, self.reducer, extra=[stats])
         grad_norm = clip_grad_norm(self._params, c.max_grad_norm)
         self.optimizer.step()
         self.train_iterations += 1
-
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
-            clip_frac = ((ratio - 1).abs() > c.clip_coef).float().mean()
-            return torch.stack([policy_loss, value_loss, entropy_mean, approx_kl, clip_frac,
-                                grad_norm]).detach()
+        return torch.cat([stats, grad_norm.detach().reshape(1)])
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -268,9 +332,14 @@ class PPO:
         out = {f"net.{k}": v for k, v in self.policy_state().items()}
         out.update(optimizer_state(self.optimizer))
         out["train_iterations"] = torch.tensor(self.train_iterations)
+        # The minibatch shuffle's generator: ranks that re-form a group from one rank's state
+        # must draw the same permutations.
+        out["gen_state"] = self.gen.get_state()
         return out
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         self.net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net.")})
         load_optimizer_state(self.optimizer, dict(state))
         self.train_iterations = int(state["train_iterations"])
+        if "gen_state" in state:  # absent from checkpoints written before it was kept
+            self.gen.set_state(state["gen_state"].to(torch.uint8))

@@ -6,7 +6,13 @@ filesystem) and Redis. `open_storage` picks one from a URL-ish string.
 
 import os
 
-from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
+from shared.storage.base import (
+    ChunkNotFound,
+    Storage,
+    StorageError,
+    VersionConflict,
+    validate_id,
+)
 from shared.storage.directory import DirectoryStorage
 from shared.storage.redis_store import DEFAULT_RETRY_S, RedisStorage
 
@@ -50,4 +56,4 @@ def _retry_s() -> float:
 
 
 __all__ = ["ChunkNotFound", "DirectoryStorage", "RedisStorage", "Storage", "StorageError",
-           "evaluated_blob", "open_storage", "validate_id"]
+           "VersionConflict", "evaluated_blob", "open_storage", "validate_id"]

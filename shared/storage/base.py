@@ -17,6 +17,12 @@ class StorageError(RuntimeError):
     """The backend failed (unreachable, full, refused)."""
 
 
+class VersionConflict(RuntimeError):
+    """A policy version at or below the newest one already published, with other bytes: some
+    other learner publishes (a rank that hung and woke up outside its group). Versions are
+    never published twice; the caller is not the publisher any more."""
+
+
 class ChunkNotFound(KeyError):
     """A chunk id that storage does not hold (never written, or evicted and deleted)."""
 
@@ -65,7 +71,9 @@ class Storage(ABC):
     @abstractmethod
     def put_weights(self, version: int, data: bytes) -> None:
         """Store a policy version, then announce it as the latest (in that order), and drop
-        versions older than the newest `keep_weight_versions`."""
+        versions older than the newest `keep_weight_versions`. Raises `VersionConflict` if
+        `version` is not newer than the latest (unless it is this very blob, written by a
+        retried call)."""
 
     @abstractmethod
     def latest_version(self) -> int | None:

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
+from shared.storage.base import ChunkNotFound, Storage, StorageError, VersionConflict, validate_id
 
 _SUFFIX = ".safetensors"
 _JOURNAL_SUFFIX = ".log"
@@ -109,6 +109,16 @@ class DirectoryStorage(Storage):
         (self.blob_dir / validate_id(name)).unlink(missing_ok=True)
 
     def put_weights(self, version: int, data: bytes) -> None:
+        latest = self.latest_version()
+        if latest is not None and latest >= int(version):
+            try:
+                same = self.weights_path(version).read_bytes() == data
+            except FileNotFoundError:
+                same = False
+            if same:  # a retried call: already published
+                return
+            raise VersionConflict(f"policy version {version} is not newer than the latest "
+                                  f"({latest}) in {self.root}")
         self._atomic_write(self.weights_path(version), data)
         self._atomic_write(self.weight_dir / "LATEST", str(int(version)).encode())
         # Learners publish tens of times a second: list the directory once, then prune from

@@ -24,7 +24,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from shared.storage.base import ChunkNotFound, Storage, StorageError, validate_id
+from shared.storage.base import ChunkNotFound, Storage, StorageError, VersionConflict, validate_id
 
 T = TypeVar("T")
 
@@ -204,23 +204,40 @@ class RedisStorage(Storage):
     def delete_blob(self, name: str) -> None:
         self._call("delete_blob", self.client.delete, self.key_blob(name))
 
+    # Store and announce a version only if it is newer than the latest, in one step: two
+    # learners racing (one that hung and woke up outside its group) never both publish it.
+    # 1: published (or this very blob already was: a retried call); 0: conflict.
+    _PUBLISH = """
+    local latest = redis.call('GET', KEYS[1])
+    if latest and tonumber(latest) >= tonumber(ARGV[1]) then
+        if redis.call('GET', KEYS[2]) == ARGV[2] then return 1 end
+        return 0
+    end
+    redis.call('SET', KEYS[2], ARGV[2])
+    redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+    redis.call('SET', KEYS[1], ARGV[1])
+    return 1
+    """
+
     def put_weights(self, version: int, data: bytes) -> None:
         version = int(version)
 
         def publish():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.set(self.key_weights(version), data)
-            pipe.zadd(self.key_versions, {str(version): version})
-            pipe.set(self.key_latest, version)
-            pipe.zrange(self.key_versions, 0, -self.keep_weight_versions - 1)
-            old = pipe.execute()[-1]
+            ok = self.client.eval(self._PUBLISH, 3, self.key_latest, self.key_weights(version),
+                                  self.key_versions, version, data)
+            if not ok:
+                return False
+            old = self.client.zrange(self.key_versions, 0, -self.keep_weight_versions - 1)
             if old:
                 pipe = self.client.pipeline(transaction=True)
                 pipe.delete(*[self.key_weights(int(v)) for v in old])
                 pipe.zrem(self.key_versions, *old)
                 pipe.execute()
+            return True
 
-        self._call("put_weights", publish)
+        if not self._call("put_weights", publish):
+            raise VersionConflict(f"policy version {version} is not newer than the latest "
+                                  f"published in {self.url}")
 
     def latest_version(self) -> int | None:
         value = self._call("latest_version", self.client.get, self.key_latest)

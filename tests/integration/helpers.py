@@ -78,6 +78,17 @@ def _merge(base: dict, changes: dict) -> dict:
     return out
 
 
+def config_from(tmp_path: Path, base: str, **changes: dict) -> Path:
+    """configs/<base> with per-section changes (each section's fields updated), written to
+    tmp_path/<base>."""
+    data = yaml.safe_load((REPO / "configs" / base).read_text())
+    for section, values in changes.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp_path / base
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def small_config(path: Path, **sections: dict) -> Path:
     """configs/cartpole-dqn.yaml with a small budget, plus per-section overrides."""
     data = yaml.safe_load(BASE_CONFIG.read_text())

@@ -8,22 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from shared.codec import decode_weights
 
-from .helpers import REPO
+from .helpers import REPO, config_from
 
 USERLAND = REPO / "tests" / "userland"
-
-
-def _config(tmp_path: Path, base: str, **changes: dict) -> Path:
-    data = yaml.safe_load((REPO / "configs" / base).read_text())
-    for section, values in changes.items():
-        data.setdefault(section, {}).update(values)
-    path = tmp_path / base
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def _evaluations(run_dir: Path) -> list[dict]:
@@ -31,7 +21,7 @@ def _evaluations(run_dir: Path) -> list[dict]:
 
 
 def test_ppo_solves_cartpole_on_a_cluster_and_keeps_the_policy_that_did(launch, tmp_path):
-    config = _config(tmp_path, "cartpole-ppo.yaml", stop={"max_wall_s": 240})
+    config = config_from(tmp_path, "cartpole-ppo.yaml", stop={"max_wall_s": 240})
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
                 "--quiet")
@@ -61,7 +51,7 @@ def test_a_users_own_policy_and_env_by_import_path_train_end_to_end(launch, tmp_
     """`my_rl` lives outside the project, importable through PYTHONPATH like a user's
     package: a line-walking env and a dueling-DQN policy class. Collectors cut chunks by
     whole episodes here."""
-    config = _config(
+    config = config_from(
         tmp_path, "cartpole-dqn.yaml",
         env={"id": "my_rl:LineWalk", "num_envs": 4},
         collector={"mode": "episodes", "episodes_per_chunk": 4},
@@ -103,7 +93,7 @@ def test_a_users_own_policy_and_env_by_import_path_train_end_to_end(launch, tmp_
 ])
 def test_a_wrong_import_path_is_a_config_error_saying_what_was_looked_up(
         launch, tmp_path, changes, message):
-    config = _config(tmp_path, "cartpole-dqn.yaml", **changes)
+    config = config_from(tmp_path, "cartpole-dqn.yaml", **changes)
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--run-dir", str(run_dir), "--quiet",
                 env={"PYTHONPATH": str(USERLAND)})

@@ -432,8 +432,10 @@ def test_dockerfile():
     assert json.loads(all_of("ENTRYPOINT")[-1]) == ["rlfleet"]
     assert json.loads(all_of("CMD")[-1]) == ["--help"]
     torch = [r for r in all_of("RUN") if "torch==2.13.0" in r]
-    assert torch and "--extra-index-url https://download.pytorch.org/whl/cpu" in torch[0], \
-        "torch 2.13.0 must come from the CPU index"
+    # from the CPU index by default; `--build-arg TORCH_INDEX=` where it cannot be reached
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in all_of("ARG"), \
+        "torch 2.13.0 must come from the CPU index by default"
+    assert torch and '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"}' in torch[0]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["rlfleet"] == "services.cli:main"
     assert "torch==2.13.0" in pyproject["project"]["dependencies"]

@@ -154,6 +154,17 @@ class TaskSink:
                 self.end_headers()
                 self.wfile.write(answer)
 
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path != "/health":  # as a worker's app: the coordinator probes it
+                    self.send_error(404)
+                    return
+                answer = b'{"ok": true, "role": "sink"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
             def log_message(self, *args) -> None:
                 pass
 

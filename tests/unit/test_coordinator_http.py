@@ -104,7 +104,10 @@ def test_register_pushes_tasks_and_heartbeats(coordinator, task_sink):
     wait_running(c, learn["task_id"])
 
     hb = ok(post(c, f"/workers/{col['worker_id']}/heartbeat", {"status": {"env_steps_s": 1.5}}))
-    assert hb == {"stop": False, "paused": False, "policy_version": None, "env_steps": 0}
+    assert hb == {"stop": False, "paused": False, "policy_version": None, "env_steps": 0,
+                  "group_generation": None}  # a collector is in no learner group
+    hb = ok(post(c, f"/workers/{lrn['worker_id']}/heartbeat", {"status": {}}))
+    assert hb["group_generation"] == 0  # no learner has joined the group yet
     worker = get(c, f"/workers/{col['worker_id']}")
     assert worker["state"] == "alive" and worker["role"] == "collector"
     assert worker["status"] == {"env_steps_s": 1.5}

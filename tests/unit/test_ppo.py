@@ -406,8 +406,9 @@ def test_state_dict_round_trip_through_safetensors_restores_outputs_and_optimize
         for key in a[idx]:
             assert torch.equal(torch.as_tensor(a[idx][key]), torch.as_tensor(b[idx][key]))
 
-    # and both continue identically: one full-batch step from the same state
-    batch = _random_rollout(spec, ppo, 16, 1)
+    # and both continue identically: one full-batch step from the same state (the rollout is
+    # acted by a third policy: acting draws from the acting policy's generator)
+    batch = _random_rollout(spec, PPO(cfg, spec, seed=7), 16, 1)
     ppo.learn(batch)
     other.learn(batch)
     for k, v in ppo.state_dict().items():

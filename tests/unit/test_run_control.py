@@ -57,6 +57,16 @@ def test_scale_is_recorded_and_validated(coordinator, task_sink):
         r = post(c, "/scale", body)
         assert r.status_code == 400 and r.json()["field"] == field, (body, r.text)
     assert get(c, "/run")["collectors_desired"] == 3  # bad requests changed nothing
+    # learners: the group is sized to the wish; a size the batch cannot split is refused
+    state = ok(post(c, "/scale", {"learners": 2}))
+    assert state["learners_desired"] == 2 and state["collectors_desired"] == 3
+    assert state["learners_alive"] == 1
+    for body, field in [({"learners": 3}, "learners"), ({"learners": 0}, "learners")]:
+        r = post(c, "/scale", body)
+        assert r.status_code == 400 and r.json()["field"] == field, (body, r.text)
+    r = post(c, "/scale", {"learners": 3})
+    assert "algo.batch_size=64 is not divisible by the 3 learners" in r.json()["error"]
+    assert get(c, "/run")["learners_desired"] == 2
 
 
 def test_stop_ends_the_run(coordinator, task_sink):

@@ -16,6 +16,7 @@ from shared.storage import (
     RedisStorage,
     Storage,
     StorageError,
+    VersionConflict,
     open_storage,
     validate_id,
 )
@@ -127,6 +128,20 @@ def test_publish_and_read_versions(storage: Storage):
     assert storage.get_weights() == (1, b"w1")
     assert storage.get_weights(0) == (0, b"w0")
     assert storage.get_weights(5) is None
+
+
+def test_a_version_is_never_published_twice(storage: Storage):
+    """A learner that hung and woke up outside its group may try to publish a version the
+    new publisher already did: refused, and the published bytes stay."""
+    storage.put_weights(4, b"new publisher")
+    with pytest.raises(VersionConflict, match="not newer"):
+        storage.put_weights(4, b"woken learner")
+    with pytest.raises(VersionConflict):
+        storage.put_weights(2, b"older still")
+    assert storage.get_weights() == (4, b"new publisher")
+    storage.put_weights(4, b"new publisher")  # its own retried call succeeds
+    storage.put_weights(5, b"next")
+    assert storage.latest_version() == 5
 
 
 def test_pruning_keeps_the_newest_versions(storage: Storage):

@@ -1,0 +1,289 @@
+"""Crash safety: the write-ahead journal, snapshots, restore, and the janitor.
+
+A chunk report is appended to the write-ahead journal in storage before it is acknowledged;
+a snapshot of generation G holds everything journalled before it, so a restarted coordinator
+loads the newest snapshot and replays journals G, G+1, ... Chunks released by buffers are
+deleted only after a later snapshot is written, so neither a snapshot nor a journal ever
+refers to a deleted chunk.
+
+The *janitor* thread deletes released chunks from storage in batches, off the request path,
+and garbage-collects chunks that were written but never announced (a collector died between
+writing and reporting them, or a coordinator died between releasing and deleting them). A
+chunk deleted that way is refused if its report turns up late: its bytes are gone.
+
+`Durability` keeps no run state of its own beyond this bookkeeping. The coordinator lends it
+the replay, its condition lock (which guards the replay and the run's counters) and a few
+callbacks: the counters a snapshot saves, how to put them back, and how to index journalled
+chunks. So this module never imports the coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from coordinator.replay import Replay
+from shared.config import RunConfig
+from shared.schemas import ChunkMeta
+from shared.storage import Storage, StorageError
+
+log = logging.getLogger("rlfleet.coordinator")
+
+_GC = "gc"  # the janitor's cue to look for chunks nobody announced
+_FOREVER = 1 << 62
+
+Accept = Callable[[list[ChunkMeta], str], tuple[list[ChunkMeta], list[str]]]
+
+
+def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
+    return json.dumps({"worker_id": worker_id,
+                       "chunks": [m.model_dump(mode="json") for m in metas]}).encode()
+
+
+class Durability:
+    """The coordinator's journal, snapshots and janitor.
+
+    `counters()` returns what a snapshot saves beside the buffers (called under `cond`);
+    `restore_counters(counters)` puts it back; `accept(metas, worker_id)` indexes journalled
+    chunks and counts them, returning (fresh, dead ids) (called under `cond`); `env_steps()`
+    is the run's env step count, for the restore's log line."""
+
+    def __init__(self, cfg: RunConfig, storage: Storage, storage_url: str,
+                 clock: Callable[[], float], cond: threading.Condition, replay: Replay, *,
+                 counters: Callable[[], dict], restore_counters: Callable[[dict], None],
+                 accept: Accept, env_steps: Callable[[], int]) -> None:
+        self.cfg = cfg
+        self.storage = storage
+        self.storage_url = storage_url
+        self.clock = clock
+        self.replay = replay
+        self._cond = cond
+        self._counters = counters
+        self._restore_counters = restore_counters
+        self._accept = accept
+        self._env_steps = env_steps
+        self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
+        self._janitor = threading.Thread(target=self._janitor_loop, name="janitor", daemon=True)
+        self._started = False
+        self._last_snapshot = clock()
+        self._snapshot_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending_delete: list[str] = []  # released, deleted after the next snapshot
+        self.snapshots_saved = 0
+        # Orders journal appends against each other and against a snapshot's copy, so a
+        # snapshot never misses a chunk that went into an older journal.
+        self._journal_lock = threading.Lock()
+        self._last_gc = clock()
+        self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
+        self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
+        self.orphans_deleted = 0
+        self.restored_from: dict | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._janitor.start()
+
+    def close(self) -> None:
+        """Stop the janitor, then write the final snapshot (deleting what it frees
+        directly, since the janitor is gone). Never raises: closing must finish."""
+        self._delete_q.put(None)
+        if self._started:
+            self._janitor.join(timeout=5)
+        try:
+            self.save_snapshot(final=True)
+        except Exception:  # closing must finish; the failure is logged for the operator
+            log.exception("final snapshot failed")
+
+    def tick(self, now: float) -> None:
+        """The scheduler's turn: a snapshot when one is due, a GC cue to the janitor."""
+        every = self.cfg.coordinator.snapshot_interval_s
+        if every is not None and now - self._last_snapshot >= every:
+            try:
+                self.save_snapshot()
+            except StorageError as err:  # an outage: the next tick tries again
+                log.warning("snapshot not saved: %s", err)
+                self._last_snapshot = now
+        if now - self._last_gc >= self.cfg.coordinator.gc_interval_s:
+            self._last_gc = now
+            self._delete_q.put(_GC)
+
+    @property
+    def unannounced(self) -> int:
+        """Chunks in storage that GC saw no buffer hold, still within their grace."""
+        return len(self._unannounced)
+
+    # -- the journal ------------------------------------------------------------------------
+
+    @contextmanager
+    def journalled(self, worker_id: str, metas: list[ChunkMeta]) -> Iterator[list[ChunkMeta]]:
+        """Journal a report's new chunks, then yield them with `cond` held, for the caller
+        to index before any snapshot can be copied: a chunk is in a journal the snapshot
+        replaces, or in the snapshot, never in neither. A `StorageError` from the journal
+        leaves the body unrun and nothing changed."""
+        with self._journal_lock:
+            with self._cond:
+                fresh = self._unseen(metas)
+                generation = self.replay.generation
+            if fresh:
+                self.storage.append_journal(generation, [_journal_record(worker_id, fresh)])
+            with self._cond:
+                yield fresh
+
+    def _unseen(self, metas: list[ChunkMeta]) -> list[ChunkMeta]:
+        """New chunks of a report (under `cond`): not held, not released lately, and not
+        deleted as orphans (their bytes are gone: never acknowledge them)."""
+        fresh = self.replay.unseen(metas)
+        late = [m.chunk_id for m in fresh if m.chunk_id in self._gc_deleted]
+        if late:
+            log.warning("refusing %d chunks reported after they were deleted as never "
+                        "announced: %s", len(late), late[:3])
+            fresh = [m for m in fresh if m.chunk_id not in self._gc_deleted]
+        return fresh
+
+    def discard_journals(self) -> None:
+        """A fresh run: nothing an older run journalled may be replayed into it."""
+        self.storage.delete_journals(_FOREVER)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def release(self, dead: list[str]) -> None:
+        """Chunks no buffer refers to any more. With snapshots on, they are deleted only once
+        a snapshot taken after their release is written: the snapshot a restart restores
+        from must never refer to a deleted chunk."""
+        if not dead:
+            return
+        if self.cfg.coordinator.snapshot_interval_s is None:
+            self._delete_q.put(dead)
+            return
+        with self._pending_lock:
+            self._pending_delete.extend(dead)
+
+    def save_snapshot(self, final: bool = False) -> None:
+        """Buffers' indexes and the run's counters to storage: copied under the lock so they
+        describe one moment, encoded and written outside it so requests are not held up.
+        Chunks released before the copy are deleted once it is written."""
+        with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
+            with self._journal_lock, self._cond:
+                state, counters = self.replay.snapshot(), self._counters()
+                self.replay.generation += 1  # later reports go to the next journal
+                generation = self.replay.generation
+                with self._pending_lock:
+                    ready, self._pending_delete = self._pending_delete, []
+            try:
+                self.replay.write_snapshot(self.storage, state, counters, generation)
+            except BaseException:
+                with self._pending_lock:  # not safe to delete yet: keep them for the next
+                    self._pending_delete = ready + self._pending_delete
+                raise
+            self._last_snapshot = self.clock()
+            self.snapshots_saved += 1
+            try:  # the snapshot holds everything the older journals did
+                self.storage.delete_journals(generation)
+            except StorageError as err:
+                log.warning("old journals not deleted (the next snapshot will): %s", err)
+        if ready:
+            if final:  # the janitor has stopped
+                self.storage.delete_chunks(ready)
+            else:
+                self._delete_q.put(ready)
+
+    def restore(self) -> bool:
+        """Continue from storage: the newest snapshot, then every journal from its
+        generation on, in order. False (and a fresh run) if there is neither."""
+        with self._cond:
+            counters = self.replay.load(self.storage)
+            generations = self.storage.journal_generations()
+            if counters is None and not generations:
+                log.info("no snapshot in %s: starting a fresh run", self.storage_url)
+                return False
+            if counters is not None:
+                self._restore_counters(counters)
+            start = self.replay.generation
+            replayed = 0
+            for generation in generations:
+                if generation < start:
+                    continue  # already in the snapshot (its deletion was cut short)
+                for raw in self.storage.read_journal(generation):
+                    record = json.loads(raw)
+                    metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
+                    fresh, dead = self._accept(metas, record["worker_id"])  # dedups
+                    replayed += len(fresh)
+                    self.release(dead)
+            self.replay.generation = max([start, *generations])
+        env_steps = self._env_steps()
+        self.restored_from = {"generation": start, "journalled_chunks": replayed,
+                              "env_steps": env_steps}
+        log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "
+                 "journal), %d items in buffers", env_steps, start, replayed,
+                 self.replay.size())
+        return True
+
+    # -- the janitor ------------------------------------------------------------------------
+
+    def _janitor_loop(self) -> None:
+        while True:
+            item = self._delete_q.get()
+            if item is None:
+                return
+            gc = item == _GC
+            ids: list[str] = [] if gc else list(item)
+            while True:  # batch whatever else is already waiting
+                try:
+                    more = self._delete_q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._delete_q.put(None)
+                    break
+                if more == _GC:
+                    gc = True
+                else:
+                    ids.extend(more)
+            try:
+                if ids:
+                    self.storage.delete_chunks(ids)
+                if gc:
+                    self.collect_garbage()
+            except StorageError as err:  # an outage: what is left is found by a later GC
+                log.warning("storage clean-up failed (%d ids): %s", len(ids), err)
+            except Exception:  # the janitor must survive a bug; logged for the operator
+                log.exception("storage clean-up failed")
+
+    def collect_garbage(self) -> list[str]:
+        """Delete chunks in storage that no buffer holds, that are not waiting for a
+        snapshot before deletion, and that nobody announced for `orphan_grace_s`: written
+        by a collector that died before announcing them, or released by a coordinator that
+        died before deleting them. Returns the ids deleted."""
+        stored = self.storage.list_chunks()
+        now = self.clock()
+        with self._cond, self._pending_lock:
+            pending = set(self._pending_delete)
+            orphans = {c for c in stored if c not in self.replay.registry and c not in pending}
+        for chunk_id in [c for c in self._unannounced if c not in orphans]:
+            del self._unannounced[chunk_id]
+        for chunk_id in orphans:
+            self._unannounced.setdefault(chunk_id, now)
+        grace = self.cfg.coordinator.orphan_grace_s
+        expired = [c for c, seen in self._unannounced.items() if now - seen >= grace]
+        if not expired:
+            return []
+        with self._cond:  # reported since the listing? then it is not an orphan
+            expired = [c for c in expired if c not in self.replay.registry]
+            for chunk_id in expired:  # a report arriving after this is refused
+                self._gc_deleted[chunk_id] = None
+            while len(self._gc_deleted) > 100_000:
+                self._gc_deleted.popitem(last=False)
+        self.storage.delete_chunks(expired)
+        for chunk_id in expired:
+            self._unannounced.pop(chunk_id, None)
+        self.orphans_deleted += len(expired)
+        log.warning("deleted %d chunks nobody announced within %.0fs", len(expired), grace)
+        return expired

@@ -1,0 +1,211 @@
+"""Evaluation scheduling: when the run's policy is evaluated, by whom, and what is kept.
+
+An evaluation is a task like any other, pushed to a collector whose collect loop is running
+(a worker whose loop failed has nothing left to run it on), round robin so one collector
+does not pay for every evaluation. It falls due every `eval.every_env_steps` env steps or
+`eval.every_train_iterations` train iterations, not before `eval.start_env_steps`, and only
+one runs at a time. The evaluation of a collector that dies moves to another busy
+collector; one not reported within `EVAL_TIMEOUT_S` fails, so a lost one cannot hold up
+the next.
+
+The best-evaluated policy is the run's result: its weights are copied to `best_policy` in
+storage (and the run directory) as soon as its report arrives, because the published
+version it ran with is pruned long before an evaluation ends. The schedule's state goes into
+the coordinator's snapshot (`counters()`, `restore()`); an evaluation in flight when the
+coordinator stopped is run again, since its report would find no one waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.membership import Membership
+from coordinator.tasks import TaskRecord, TaskTable
+from shared.config import RunConfig
+from shared.schemas import (
+    EvalSummary,
+    EvaluateTask,
+    EvaluationReport,
+    EvaluationResult,
+    Role,
+    TaskKind,
+    TaskState,
+)
+from shared.storage import Storage, evaluated_blob
+
+log = logging.getLogger("rlfleet.coordinator")
+
+EVAL_TIMEOUT_S = 120.0
+
+
+def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
+    r = np.asarray(returns, dtype=np.float64)
+    return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
+                       return_min=float(r.min()), return_max=float(r.max()),
+                       length_mean=float(np.mean(lengths)))
+
+
+class EvaluationSchedule:
+    """Owned by the coordinator, which passes the run's counters in at each call rather than
+    lending itself: this module knows the task table, membership and storage, never the
+    coordinator."""
+
+    def __init__(self, cfg: RunConfig, tasks: TaskTable, members: Membership, storage: Storage,
+                 run_dir: Path | None, push: Callable[[TaskRecord], None]) -> None:
+        self.cfg = cfg
+        self.tasks = tasks
+        self.members = members
+        self.storage = storage
+        self.run_dir = run_dir
+        self._push = push  # hands a task to the coordinator's commander
+        self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
+        self.best_evaluation: EvaluationResult | None = None
+        self.best_policy_version: int | None = None
+        self.next_eval_at = max(cfg.eval.every_env_steps or 0, cfg.eval.start_env_steps)
+        self.next_eval_iteration = cfg.eval.every_train_iterations or 0
+        self._rr = 0  # round robin over collectors; also varies each evaluation's seed
+
+    def due(self, env_steps: int, train_iterations: int) -> bool:
+        ev = self.cfg.eval
+        if env_steps < ev.start_env_steps:
+            return False
+        return ((ev.every_env_steps is not None and env_steps >= self.next_eval_at)
+                or (ev.every_train_iterations is not None
+                    and train_iterations >= self.next_eval_iteration))
+
+    def maybe_start(self, policy_version: int, env_steps: int, train_iterations: int) -> None:
+        if not self.due(env_steps, train_iterations) or policy_version < 0:
+            return
+        if self.tasks.active(TaskKind.EVALUATE):
+            return
+        # Only collectors whose collect task is running: a worker whose loop failed has no
+        # loop left to run the evaluation on.
+        busy = {r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
+                if r.state is TaskState.RUNNING}
+        collectors = sorted((w for w in self.members.alive(Role.COLLECTOR)
+                             if w.worker_id in busy), key=lambda w: w.worker_id)
+        if not collectors:
+            return
+        worker = collectors[self._rr % len(collectors)]
+        self._rr += 1
+        ev = self.cfg.eval
+        task = EvaluateTask(task_id=self.tasks.new_id(TaskKind.EVALUATE),
+                            policy_version=policy_version, episodes=ev.episodes,
+                            num_envs=min(ev.num_envs, ev.episodes),
+                            seed=self.cfg.seed * 7919 + self._rr,
+                            stochastic=ev.stochastic)
+        if ev.every_env_steps is not None:
+            self.next_eval_at = env_steps + ev.every_env_steps
+        if ev.every_train_iterations is not None:
+            self.next_eval_iteration = train_iterations + ev.every_train_iterations
+        self._push(self.tasks.add(task, worker.worker_id))
+
+    def reassign(self, rec: TaskRecord, why: str) -> None:
+        """Its collector is gone: another busy collector runs it, or it fails."""
+        busy = sorted(r.worker_id for r in self.tasks.active(TaskKind.COLLECT)
+                      if r.state is TaskState.RUNNING and r.worker_id != rec.worker_id)
+        alive = {w.worker_id for w in self.members.alive(Role.COLLECTOR)}
+        targets = [w for w in busy if w in alive]
+        if not targets:
+            self.tasks.end(rec.task_id, TaskState.FAILED, why)
+            return
+        old, rec.worker_id = rec.worker_id, targets[0]
+        rec.state, rec.reassignments = TaskState.PENDING, rec.reassignments + 1
+        log.warning("evaluation %s moves from %s to %s: %s", rec.task_id, old, rec.worker_id,
+                    why)
+        self._push(rec)
+
+    def expire(self, now: float) -> None:
+        """Fail evaluations older than `EVAL_TIMEOUT_S`: while one is active no other
+        starts, so a collector that never answers must not stall evaluation for good."""
+        for rec in self.tasks.active(TaskKind.EVALUATE):
+            if now - rec.created_at > EVAL_TIMEOUT_S:
+                self.tasks.end(rec.task_id, TaskState.FAILED, "evaluation timed out")
+
+    def report(self, req: EvaluationReport, env_steps: int, train_iterations: int,
+               wall_time: float, record: Callable[[EvaluationResult], None]
+               ) -> EvaluationResult:
+        """Summarise a report the coordinator has checked and keep it; `record` is the run's
+        logger, which the coordinator owns (it is created only after a restore)."""
+        det = summarise_episodes(req.deterministic.returns, req.deterministic.lengths)
+        sto = (summarise_episodes(req.stochastic.returns, req.stochastic.lengths)
+               if req.stochastic else None)
+        result = EvaluationResult(
+            task_id=req.task_id, worker_id=req.worker_id, policy_version=req.policy_version,
+            env_steps=env_steps, train_iterations=train_iterations,
+            episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
+            length_mean=det.length_mean, wall_time=wall_time,
+            deterministic=det, stochastic=sto)
+        self.tasks.end(req.task_id, TaskState.FINISHED)
+        self.evaluations.append(result)
+        record(result)
+        if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
+            self.best_evaluation = result
+            self._keep_best_policy(result)
+        self._forget_evaluated(result.task_id)
+        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f", result.policy_version,
+                 result.env_steps, result.return_mean, result.return_std)
+        return result
+
+    def _keep_best_policy(self, result: EvaluationResult) -> None:
+        """Keep the weights of the best-evaluated policy as `best_policy` in storage (and
+        `best_policy.safetensors` in the run directory): they are the run's result. The
+        collector stored what it evaluated under `evaluated-<task id>`, because published
+        versions are pruned long before an evaluation ends."""
+        try:
+            blob = self.storage.get_blob(evaluated_blob(result.task_id))
+            if blob is None:
+                log.warning("no weights stored for evaluation %s; best policy not updated",
+                            result.task_id)
+                return
+            self.storage.put_blob("best_policy", blob)
+        except Exception:  # storage trouble must not fail the evaluation report
+            log.exception("could not keep the policy of evaluation %s", result.task_id)
+            return
+        self.best_policy_version = result.policy_version
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / "best_policy.safetensors.tmp"
+            tmp.write_bytes(blob)
+            tmp.replace(self.run_dir / "best_policy.safetensors")
+
+    def _forget_evaluated(self, task_id: str) -> None:
+        try:
+            self.storage.delete_blob(evaluated_blob(task_id))
+        except Exception:  # an orphaned blob is harmless; logged for the operator
+            log.exception("could not delete the weights of evaluation %s", task_id)
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def counters(self) -> dict:
+        """The schedule's part of the coordinator's snapshot (its keys are the snapshot
+        format: a snapshot must restore across versions)."""
+        return {"next_eval_at": self.next_eval_at,
+                "next_eval_iteration": self.next_eval_iteration,
+                "best_policy_version": self.best_policy_version,
+                "evaluations": [e.model_dump() for e in self.evaluations],
+                "best_evaluation": (self.best_evaluation.model_dump()
+                                    if self.best_evaluation else None)}
+
+    def restore(self, counters: dict) -> None:
+        """The inverse of `counters()`; keys added later have defaults, so older snapshots
+        still restore."""
+        self.next_eval_at = int(counters["next_eval_at"])
+        self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
+        self.best_policy_version = counters.get("best_policy_version")
+        self.evaluations.extend(EvaluationResult.model_validate(e)
+                                for e in counters.get("evaluations", []))
+        if counters.get("best_evaluation"):
+            self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
+
+    def rerun(self, rec: TaskRecord, env_steps: int, train_iterations: int) -> None:
+        """An evaluation restored from a snapshot: its report would find no one, so it
+        fails and a new one falls due at once."""
+        self.tasks.end(rec.task_id, TaskState.FAILED, "coordinator restarted")
+        self.next_eval_at = min(self.next_eval_at, env_steps)
+        self.next_eval_iteration = min(self.next_eval_iteration, train_iterations)

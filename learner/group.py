@@ -1,0 +1,171 @@
+"""A learner as one rank of a data-parallel group: rendezvous, collectives, re-formation.
+
+The coordinator decides who is in the group: a generation number, each learner's rank, the
+world size and rank 0's store address (`GroupAssignment`). This module carries that out with
+torch.distributed's gloo backend (the policies train on the CPU), through torch's own
+rendezvous:
+
+- every learner hosts a `TCPStore` from its start, so whichever learner becomes rank 0 of a
+  generation already has one listening; the coordinator hands its address to the others;
+- each generation meets under its own prefix (`<epoch>/g<generation>/`) in that store, so a group
+  re-formed after a death never reads keys of the one before. Each generation is its own
+  `ProcessGroupGloo` on that prefixed store, not torch's default group: `init_process_group`
+  names groups by a process-wide counter, and one failed rendezvous (a rank that hung through
+  it) leaves the counters of two processes apart, so they would wait under different keys
+  for ever;
+- on forming, rank 0 broadcasts its whole training state (weights, optimizer, counters, as
+  safetensors bytes: no pickle) and its policy version, so survivors that stopped one step
+  apart and newcomers that loaded an old checkpoint all continue from the same state;
+- every collective has the group's timeout: a rank that hangs (SIGSTOP) makes the others'
+  collective fail after at most that long, a rank that dies makes it fail at once (its
+  sockets close); either way `GroupError` tells the learner to ask for the next generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from shared.codec import decode_weights, encode_weights
+from shared.schemas import GroupAssignment
+
+log = logging.getLogger("rlfleet.learner")
+
+
+class GroupError(RuntimeError):
+    """A rendezvous or collective of the current generation failed: re-form the group."""
+
+
+class DistReducer:
+    """`Reducer` over one generation's process group: tensors of one dtype travel as one
+    flat buffer, so a step's gradients (and whatever statistics ride along) cost one
+    all-reduce. Time spent in collectives is counted for `timers/learner/allreduce_ms`."""
+
+    def __init__(self, pg: dist.ProcessGroup, rank: int, world_size: int) -> None:
+        self.pg = pg
+        self.rank = rank
+        self.world_size = world_size
+        self.seconds = 0.0
+        self.calls = 0
+
+    def sum_(self, tensors: list[torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        try:
+            for group in by_dtype.values():
+                if len(group) == 1 and group[0].is_contiguous():
+                    self.pg.allreduce([group[0]]).wait()
+                    continue
+                flat = torch.cat([t.reshape(-1) for t in group])
+                self.pg.allreduce([flat]).wait()
+                start = 0
+                for t in group:
+                    n = t.numel()
+                    t.copy_(flat[start:start + n].view_as(t))
+                    start += n
+        except (RuntimeError, dist.DistError) as err:
+            raise GroupError(f"all-reduce failed: {err}") from err
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
+class GroupMember:
+    """One learner's side of the group: its store, the current generation's process group."""
+
+    def __init__(self, advertise_host: str, port: int = 0, timeout_s: float = 30.0) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        # Listens on every interface; the coordinator tells the others `advertise_host`.
+        self.store = dist.TCPStore(advertise_host, port, is_master=True,
+                                   wait_for_workers=False, timeout=self.timeout)
+        self.store_addr = f"{advertise_host}:{self.store.port}"
+        self.assignment: GroupAssignment | None = None
+        self.reducer: DistReducer | None = None
+        self.pg: dist.ProcessGroup | None = None
+
+    @property
+    def generation(self) -> int | None:
+        return self.assignment.generation if self.assignment else None
+
+    @property
+    def rank(self) -> int | None:
+        return self.assignment.rank if self.assignment else None
+
+    @property
+    def world_size(self) -> int:
+        return self.assignment.world_size if self.assignment and self.assignment.rank is not None \
+            else 0
+
+    def _rank0_store(self, addr: str) -> dist.Store:
+        if addr == self.store_addr:
+            return self.store
+        host, _, port = addr.rpartition(":")
+        try:
+            return dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)
+        except (RuntimeError, dist.DistError) as err:
+            raise GroupError(f"cannot reach rank 0's store at {addr}: {err}") from err
+
+    def form(self, assignment: GroupAssignment) -> DistReducer | None:
+        """Leave the previous generation and join `assignment`'s (no process group for a
+        group of one). Raises `GroupError` if the rendezvous times out."""
+        self.leave()
+        self.assignment = assignment
+        if assignment.rank is None or assignment.world_size <= 1:
+            return None
+        if assignment.store_addr is None:
+            raise GroupError(f"generation {assignment.generation} has no store address")
+        store = dist.PrefixStore(f"{assignment.epoch}/g{assignment.generation}/",
+                                 self._rank0_store(assignment.store_addr))
+        try:  # connects to every other rank, or times out
+            self.pg = dist.ProcessGroupGloo(store, assignment.rank, assignment.world_size,
+                                            self.timeout)
+        except (RuntimeError, dist.DistError, ValueError) as err:
+            raise GroupError(f"rendezvous of generation {assignment.generation} failed: "
+                             f"{err}") from err
+        self.reducer = DistReducer(self.pg, assignment.rank, assignment.world_size)
+        return self.reducer
+
+    def broadcast_state(self, state: dict[str, torch.Tensor] | None, policy_version: int
+                        ) -> tuple[dict[str, torch.Tensor], int]:
+        """Rank 0's training state and policy version, on every rank (rank 0 passes its own;
+        the others pass None)."""
+        assert self.pg is not None
+        try:
+            if self.rank == 0:
+                assert state is not None
+                blob = encode_weights(state, {"policy_version": str(policy_version)})
+                header = torch.tensor([len(blob)], dtype=torch.int64)
+                self.pg.broadcast(header, 0).wait()
+                payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+                self.pg.broadcast(payload, 0).wait()
+                return state, policy_version
+            header = torch.zeros(1, dtype=torch.int64)
+            self.pg.broadcast(header, 0).wait()
+            payload = torch.empty(int(header[0]), dtype=torch.uint8)
+            self.pg.broadcast(payload, 0).wait()
+        except (RuntimeError, dist.DistError) as err:
+            raise GroupError(f"state broadcast failed: {err}") from err
+        tensors, meta = decode_weights(payload.numpy().tobytes())
+        return tensors, int(meta["policy_version"])
+
+    def leave(self) -> None:
+        """Drop the current process group (a failed one too): its sockets close, so a rank
+        still waiting in one of its collectives fails at once. The store stays."""
+        self.reducer = None
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            try:
+                pg.abort()
+            except (RuntimeError, AttributeError, dist.DistError) as err:
+                log.debug("aborting the previous process group: %s", err)
+            del pg
+
+    def close(self) -> None:
+        self.leave()
+        self.assignment = None

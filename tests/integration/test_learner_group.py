@@ -1,0 +1,58 @@
+"""Several learners as one data-parallel group, end to end through `rlfleet up --learners 2`:
+DQN (sharded replay batches) and PPO (dealt-out rollouts) solve CartPole, and the group is
+visible in the run's records. Killing and adding learners mid-run is in tests/chaos."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from .helpers import REPO, config_from
+
+
+def _records(run_dir: Path, key: str) -> list[float]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if key in record:
+            out.append(record[key])
+    return out
+
+
+@pytest.mark.parametrize("base", ["cartpole-dqn.yaml", "cartpole-ppo.yaml"])
+def test_two_learners_train_one_policy_and_solve(launch, tmp_path, base):
+    config = config_from(tmp_path, base, stop={"max_wall_s": 420})
+    run_dir = tmp_path / "run"
+    up = launch("--config", str(config), "--collectors", "2", "--learners", "2",
+                "--run-dir", str(run_dir), "--quiet")
+    code = up.wait(timeout=480)
+    assert code == 0, f"exit code {code}:\n{up.stderr[-3000:]}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["solved"] is True and summary["eval_return"] >= 475
+    assert summary["learners"] == 2
+    group = summary["learner_group"]  # the last status read while the run was going
+    assert group["world_size"] == 2
+    ranks = [r["worker_id"] for r in group["ranks"]]  # whichever asked first is rank 0
+    assert sorted(ranks) == ["learner", "learner-2"]
+    assert all(r["updates_per_s"] > 0 for r in group["ranks"]), group
+    assert any(r["allreduce_ms"] > 0 for r in group["ranks"]), group
+    # both learners formed the group of two, one as rank 0 (the publisher), one as rank 1
+    logs = run_dir / "logs"
+    formed = {name: re.findall(r"formed: rank (\d) of (\d)", (logs / f"{name}.log").read_text())
+              for name in ranks}
+    assert ("0", "2") in formed[ranks[0]] and ("1", "2") in formed[ranks[1]], formed
+    # the group and its all-reduce time are in the run's records
+    assert max(_records(run_dir, "cluster/learner_group/world_size")) == 2.0
+    assert any(v > 0 for v in _records(run_dir, "timers/learner/allreduce_ms"))
+    up.assert_no_orphans()
+
+
+def test_a_learner_count_the_batch_cannot_split_is_refused_at_launch(launch, tmp_path):
+    up = launch("--config", str(REPO / "configs" / "cartpole-dqn.yaml"), "--learners", "3",
+                "--run-dir", str(tmp_path / "run"), "--quiet")
+    code = up.wait(timeout=60)
+    assert code == 2, up.stderr
+    assert "learner.count" in up.stderr and "not divisible by the 3 learners" in up.stderr

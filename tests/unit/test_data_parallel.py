@@ -1,0 +1,270 @@
+"""Data-parallel learning is the same maths as one learner: ranks in a real gloo group (one
+process each, loopback) train on disjoint shards of fixed data, and end with the weights one
+learner gets from the whole batches."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from learner.group import DistReducer, GroupError, GroupMember
+from shared.algos.dqn import DQN
+from shared.algos.ppo import PPO
+from shared.config import DQNConfig, PPOConfig
+from shared.envs import EnvSpec
+from shared.schemas import GroupAssignment
+
+CARTPOLE = EnvSpec(obs_shape=(4,), n_actions=2)
+PENDULUM = EnvSpec(obs_shape=(3,), action_shape=(1,), action_low=(-2.0,), action_high=(2.0,))
+UPDATES = 50
+
+
+def assign(**fields) -> GroupAssignment:
+    return GroupAssignment(epoch="e", **fields)
+ATOL = 1e-5
+
+
+# -- fixed data ------------------------------------------------------------------------------
+
+def dqn_batches(batch: int, prioritized: bool) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for _ in range(UPDATES):
+        b = {"obs": torch.randn(batch, 4, generator=g),
+             "action": torch.randint(0, 2, (batch,), generator=g),
+             "reward": torch.rand(batch, generator=g),
+             "next_obs": torch.randn(batch, 4, generator=g),
+             "terminated": torch.rand(batch, generator=g) < 0.1}
+        if prioritized:
+            b["weights"] = 0.2 + 0.8 * torch.rand(batch, generator=g)
+        out.append(b)
+    return out
+
+
+def ppo_rollouts(spec: EnvSpec, rounds: int, chunks: int, rows: int
+                 ) -> list[list[dict[str, torch.Tensor]]]:
+    """`rounds` rollouts, each `chunks` whole chunks of `rows` rows (each chunk ends cut)."""
+    rng = np.random.default_rng(5)
+    out = []
+    for _ in range(rounds):
+        rollout = []
+        for _ in range(chunks):
+            cut = np.zeros(rows, dtype=bool)
+            cut[-1] = True
+            cut[rng.integers(0, rows - 1)] = True
+            act = (rng.integers(0, 2, rows) if spec.discrete
+                   else rng.normal(size=(rows, 1)).astype(np.float32))
+            rollout.append({
+                "obs": torch.from_numpy(rng.normal(size=(rows, *spec.obs_shape))
+                                        .astype(np.float32)),
+                "action": torch.from_numpy(act),
+                "reward": torch.from_numpy(rng.normal(size=rows).astype(np.float32)),
+                "terminated": torch.from_numpy(rng.random(rows) < 0.05),
+                "cut": torch.from_numpy(cut),
+                "log_prob": torch.from_numpy(-rng.random(rows).astype(np.float32)),
+                "value": torch.from_numpy(rng.normal(size=rows).astype(np.float32)),
+                "bootstrap_value": torch.from_numpy(np.where(cut, 0.3, 0.0)
+                                                    .astype(np.float32))})
+        out.append(rollout)
+    return out
+
+
+def concat(chunks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
+
+
+# share of each rollout's chunks per rank: uneven, and one rollout leaves rank 1 nothing
+PPO_SHARES = [([0, 1, 2], [3, 4]), ([0, 1], [2, 3, 4]), ([0, 1, 2, 3, 4], []),
+              ([0, 2, 4], [1, 3]), ([0], [1, 2, 3, 4])]
+
+
+# -- the two ways to train -------------------------------------------------------------------
+
+def train(case: str, reducer=None, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
+    if case.startswith("dqn"):
+        prioritized = case == "dqn-prioritized"
+        batch = 64
+        policy = DQN(DQNConfig(batch_size=batch // world, target_update_every=20), CARTPOLE,
+                     seed=3)
+        policy.set_reducer(reducer)
+        shard = batch // world
+        for b in dqn_batches(batch, prioritized):
+            part = {k: v[rank * shard:(rank + 1) * shard] for k, v in b.items()}
+            weights = part.pop("weights", None)
+            policy.learn(part, weights)
+        assert policy.train_iterations == UPDATES
+        return policy.state_dict()
+    spec = CARTPOLE if case == "ppo" else PENDULUM
+    policy = PPO(PPOConfig(batch_size=64, epochs=2), spec, seed=3)
+    policy.set_reducer(reducer)
+    for rollout, shares in zip(ppo_rollouts(spec, len(PPO_SHARES), 5, 64), PPO_SHARES,
+                               strict=True):
+        if world == 1:
+            policy.learn(concat([rollout[i] for i in shares[0] + shares[1]]))
+        else:
+            policy.learn(concat([rollout[i] for i in shares[rank]]))
+    assert policy.train_iterations == UPDATES  # 320 rows / 64 = 5 minibatches, 2 epochs, 5x
+    return {k: v for k, v in policy.state_dict().items() if k != "gen_state"}
+
+
+def _rank_main(case: str, rank: int, world: int, store_addr: str, out: str) -> None:
+    torch.set_num_threads(1)
+    member = GroupMember("127.0.0.1", timeout_s=60)
+    assignment = assign(generation=1, rank=rank, world_size=world,
+                                 store_addr=store_addr, ranks=[f"l{i}" for i in range(world)],
+                                 publisher=rank == 0)
+    reducer = member.form(assignment)
+    try:
+        save_file(train(case, reducer, rank, world), out)
+    finally:
+        member.close()
+
+
+def run_group(case: str, world: int, tmp_path: Path) -> list[dict[str, torch.Tensor]]:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp_path / f"{case}-rank{r}.safetensors") for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(case, r, world, f"127.0.0.1:{store.port}",
+                                                  outs[r])) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    return [load_file(o) for o in outs]
+
+
+@pytest.mark.parametrize("case", ["dqn-uniform", "dqn-prioritized", "ppo", "ppo-continuous"])
+def test_two_learners_at_half_batch_equal_one_learner_at_full_batch(case, tmp_path):
+    single = train(case)
+    ranks = run_group(case, 2, tmp_path)
+    for key, value in single.items():
+        # every rank holds identical weights: the same bits
+        assert torch.equal(ranks[0][key], ranks[1][key]), key
+        # and one learner's, up to the order of float additions
+        torch.testing.assert_close(ranks[0][key], value, rtol=0, atol=ATOL, msg=key)
+    # the weights moved: the comparison is not between two untrained networks
+    fresh = (DQN(DQNConfig(), CARTPOLE, seed=3) if case.startswith("dqn")
+             else PPO(PPOConfig(), CARTPOLE if case == "ppo" else PENDULUM, seed=3))
+    key = next(k for k in fresh.state_dict() if k.endswith("weight"))
+    assert not torch.allclose(fresh.state_dict()[key], single[key])
+
+
+def test_a_group_of_one_is_one_learner():
+    """world size 1: no collective, the single learner's maths unchanged."""
+    member = GroupMember("127.0.0.1", timeout_s=5)
+    try:
+        assert member.form(assign(generation=1, rank=0, world_size=1, store_addr=None,
+                                           ranks=["l0"], publisher=True)) is None
+    finally:
+        member.close()
+
+
+def _hang_main(store_addr: str, ready: str) -> None:
+    member = GroupMember("127.0.0.1", timeout_s=60)
+    member.form(assign(generation=1, rank=1, world_size=2, store_addr=store_addr,
+                                ranks=["a", "b"], publisher=False))
+    Path(ready).write_text("formed")
+    import time
+    time.sleep(120)  # never joins a collective: a hung rank
+
+
+def test_a_collective_with_a_hung_rank_fails_after_the_timeout_and_the_group_reforms(tmp_path):
+    member = GroupMember("127.0.0.1", timeout_s=3)
+    ctx = mp.get_context("spawn")
+    hung = ctx.Process(target=_hang_main, args=(member.store_addr, str(tmp_path / "ready")))
+    hung.start()
+    try:
+        reducer = member.form(assign(generation=1, rank=0, world_size=2,
+                                              store_addr=member.store_addr, ranks=["a", "b"],
+                                              publisher=True))
+        assert isinstance(reducer, DistReducer)
+        with pytest.raises(GroupError, match="all-reduce failed"):
+            reducer.sum_([torch.ones(3)])
+        # re-formed alone (the next generation) it goes on
+        assert member.form(assign(generation=2, rank=0, world_size=1,
+                                           store_addr=member.store_addr, ranks=["a"],
+                                           publisher=True)) is None
+        assert member.pg is None
+    finally:
+        hung.kill()
+        hung.join()
+        member.close()
+
+
+def _state_main(store_addr: str, out: str) -> None:
+    member = GroupMember("127.0.0.1", timeout_s=30)
+    member.form(assign(generation=4, rank=1, world_size=2, store_addr=store_addr,
+                                ranks=["a", "b"], publisher=False))
+    state, version = member.broadcast_state(None, -1)
+    state["version"] = torch.tensor(version)
+    save_file(state, out)
+    member.close()
+
+
+def test_rank0_state_reaches_every_rank(tmp_path):
+    member = GroupMember("127.0.0.1", timeout_s=30)
+    ctx = mp.get_context("spawn")
+    out = str(tmp_path / "state.safetensors")
+    proc = ctx.Process(target=_state_main, args=(member.store_addr, out))
+    proc.start()
+    try:
+        member.form(assign(generation=4, rank=0, world_size=2,
+                                    store_addr=member.store_addr, ranks=["a", "b"],
+                                    publisher=True))
+        policy = DQN(DQNConfig(), CARTPOLE, seed=1)
+        policy.learn(dqn_batches(16, False)[0])
+        member.broadcast_state(policy.state_dict(), 41)
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    finally:
+        member.close()
+    got = load_file(out)
+    assert int(got.pop("version")) == 41
+    other = DQN(DQNConfig(), CARTPOLE, seed=99)
+    other.load_state_dict(got)
+    for key, value in policy.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value), key
+
+
+def _late_main(store_addr: str, out: str) -> None:
+    member = GroupMember("127.0.0.1", timeout_s=2)
+    # generation 1's rendezvous fails for this rank alone (rank 0 never comes to it) ...
+    with pytest.raises(GroupError, match="rendezvous of generation 1"):
+        member.form(assign(generation=1, rank=1, world_size=2, store_addr=store_addr,
+                           ranks=["a", "b"], publisher=False))
+    # ... and generation 2 must still meet rank 0, which saw no failure
+    reducer = member.form(assign(generation=2, rank=1, world_size=2, store_addr=store_addr,
+                                 ranks=["a", "b"], publisher=False))
+    x = torch.ones(3)
+    reducer.sum_([x])
+    save_file({"x": x}, out)
+    member.close()
+
+
+def test_a_failed_rendezvous_on_one_rank_does_not_keep_the_next_generation_apart(tmp_path):
+    """Regression: torch's default group names groups by a per-process counter, so a rank
+    that hung through a rendezvous then waited under other keys than the others, for ever."""
+    member = GroupMember("127.0.0.1", timeout_s=20)
+    out = str(tmp_path / "x.safetensors")
+    proc = mp.get_context("spawn").Process(target=_late_main, args=(member.store_addr, out))
+    proc.start()
+    try:
+        reducer = member.form(assign(generation=2, rank=0, world_size=2,
+                                     store_addr=member.store_addr, ranks=["a", "b"],
+                                     publisher=True))
+        x = torch.ones(3)
+        reducer.sum_([x])
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    finally:
+        member.close()
+    assert x.tolist() == [2.0, 2.0, 2.0] and load_file(out)["x"].tolist() == [2.0, 2.0, 2.0]
