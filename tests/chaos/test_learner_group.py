@@ -181,7 +181,7 @@ def test_a_hung_learner_is_left_behind_and_rejoins_when_it_wakes(tmp_path, launc
     data = yaml.safe_load(config.read_text())
     data["learner"]["collective_timeout_s"] = 4.0
     # long enough that the hung learner is not declared dead before its collective fails
-    data["coordinator"]["heartbeat_timeout_s"] = 30.0
+    data["coordinator"]["heartbeat_timeout_s"] = 10.0
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     up = launch("--config", str(config), "--collectors", "2", "--learners", "2",
                 "--run-dir", str(run_dir), "--quiet", "--max-restarts", "0")

@@ -1,6 +1,8 @@
 """Several learners as one data-parallel group, end to end through `rlfleet up --learners 2`:
-DQN (sharded replay batches) and PPO (dealt-out rollouts) solve CartPole, and the group is
-visible in the run's records. Killing and adding learners mid-run is in tests/chaos."""
+PPO (dealt-out rollouts) solves CartPole; DQN (sharded replay batches) trains as one group
+to a budget (its solve takes minutes and is `-m slow`); the group is visible in the run's
+records either way. That two ranks' math equals one learner's is in tests/unit; killing and
+adding learners mid-run is in tests/chaos."""
 
 from __future__ import annotations
 
@@ -22,16 +24,26 @@ def _records(run_dir: Path, key: str) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("base", ["cartpole-dqn.yaml", "cartpole-ppo.yaml"])
-def test_two_learners_train_one_policy_and_solve(launch, tmp_path, base):
-    config = config_from(tmp_path, base, stop={"max_wall_s": 420})
+@pytest.mark.parametrize("base,solve", [
+    pytest.param("cartpole-dqn.yaml", True, marks=pytest.mark.slow),
+    ("cartpole-dqn.yaml", False),
+    ("cartpole-ppo.yaml", True),
+])
+def test_two_learners_train_one_policy(launch, tmp_path, base, solve):
+    stop = {"max_wall_s": 420} if solve else {"max_env_steps": 12_000}
+    config = config_from(tmp_path, base, stop=stop)
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "2", "--learners", "2",
                 "--run-dir", str(run_dir), "--quiet")
     code = up.wait(timeout=480)
-    assert code == 0, f"exit code {code}:\n{up.stderr[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["solved"] is True and summary["eval_return"] >= 475
+    if solve:
+        assert code == 0, f"exit code {code}:\n{up.stderr[-3000:]}"
+        assert summary["solved"] is True and summary["eval_return"] >= 475
+    else:  # to the budget: it ran as a group and learned (a random policy returns about 22)
+        assert code in (0, 3), f"exit code {code}:\n{up.stderr[-3000:]}"
+        assert summary["env_steps"] >= 12_000 and summary["policy_version"] > 0
+        assert max(_records(run_dir, "eval/deterministic/return_mean")) > 50, summary
     assert summary["learners"] == 2
     group = summary["learner_group"]  # the last status read while the run was going
     assert group["world_size"] == 2
