@@ -594,13 +594,18 @@ class Coordinator:
                 "wall_seconds": self.clock() - self.started_at,
                 "first_chunk_s": (self.first_chunk_at - self.started_at
                                   if self.first_chunk_at is not None else None),
-                "tasks": self.tasks.snapshot()}
+                "tasks": self.tasks.snapshot(),
+                # what `rlfleet scale` asked for: a restarted coordinator must not make a
+                # launcher or the compose scaler forget it
+                "collectors_desired": self.collectors_desired}
 
     def _restore_counters(self, counters: dict) -> None:
         for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
                     "train_iterations", "policy_version"):
             setattr(self, key, int(counters[key]))
         self.eval_schedule.restore(counters)
+        if counters.get("collectors_desired") is not None:
+            self.collectors_desired = int(counters["collectors_desired"])
         now = self.clock()
         self.started_at = now - float(counters.get("wall_seconds", 0.0))
         if counters.get("first_chunk_s") is not None:

@@ -6,6 +6,7 @@
     rlfleet up --config PATH [--collectors N] [--storage S] [--run-dir D] [--seed S]
                [--max-restarts N]                              # restarts crashed children
     rlfleet status [--coordinator URL]
+    rlfleet scaler --coordinator URL                          # compose: collectors as containers
     rlfleet single --config PATH                               # no HTTP, no storage
 
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
@@ -132,9 +133,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own;
-    under compose or Kubernetes use their scale commands (the coordinator records the wish
-    either way, and sizes the learner group to it)."""
+    """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own,
+    and so does compose's `scaler` (collectors); under Kubernetes use its scale command (the
+    coordinator records the wish either way, and sizes the learner group to it)."""
     from shared.http import HttpClient, HttpError
     from shared.schemas import API, RunState, ScaleRequest
 
@@ -154,6 +155,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
           f"{state.collectors_alive}); learners wanted: {state.learners_desired} (alive now: "
           f"{state.learners_alive}); run {state.state}")
     return 0
+
+
+def cmd_scaler(args: argparse.Namespace) -> int:
+    """Add and remove collector containers to follow the run's wish (services/scaler.py)."""
+    from services.scaler import ScalerError, main
+
+    _setup_logging("scaler")
+    if args.min_env_steps_per_s and not args.max_collectors:
+        print("rlfleet scaler: --min-env-steps-per-s needs --max-collectors", file=sys.stderr)
+        return 2
+    try:
+        return main(args)
+    except ScalerError as err:
+        print(f"rlfleet scaler: {err}", file=sys.stderr)
+        return 2
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -248,6 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
     sc.set_defaults(func=cmd_scale)
 
+    sl = sub.add_parser("scaler", help="under compose: add and remove collector containers "
+                        "as `rlfleet scale` asks (needs the Docker socket)")
+    sl.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    sl.add_argument("--project", default=env("COMPOSE_PROJECT"),
+                    help="compose project (default: the one of the container it runs in)")
+    sl.add_argument("--service", default=env("SCALE_SERVICE", "collector"))
+    sl.add_argument("--grace-s", type=float, default=float(env("GRACE_S", "30")),
+                    help="SIGTERM to SIGKILL when a container is removed (it drains meanwhile)")
+    sl.add_argument("--interval-s", type=float, default=float(env("INTERVAL_S", "2")))
+    sl.add_argument("--min-env-steps-per-s", type=float,
+                    default=float(env("MIN_ENV_STEPS_PER_S", "0")),
+                    help="autoscale: add a collector while the run is slower than this")
+    sl.add_argument("--max-collectors", type=int, default=int(env("MAX_COLLECTORS", "0")))
+    sl.add_argument("--rule-window-s", type=float, default=float(env("RULE_WINDOW_S", "30")))
+    sl.set_defaults(func=cmd_scaler)
+
     s = sub.add_parser("status", help="print a running cluster as a table")
     s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
     s.set_defaults(func=cmd_status)
@@ -260,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that serve or call the HTTP API, and those that serve it.
-_HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status"}
+_HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status",
+                  "scaler"}
 _SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
 
 

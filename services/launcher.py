@@ -354,6 +354,8 @@ def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
         config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     previous = run_dir / "summary.json"
     before = json.loads(previous.read_text()) if previous.is_file() else {}
+    # The coordinator restores the last `rlfleet scale` wish; a count given here replaces it.
+    args.collectors_given = args.collectors is not None
     if args.collectors is None:
         args.collectors = before.get("collectors", 2)
     if args.learners is None:
@@ -430,6 +432,17 @@ def _scale(cluster: LocalCluster, status: dict, say: Say) -> None:
                 f"stopping {[c.name for c in retired]}")
 
 
+def _wish_collectors(url: str, n: int) -> None:
+    from shared.http import HttpClient
+    from shared.schemas import API
+
+    client = HttpClient(url, timeout_s=10, retries=5)
+    try:
+        client.post(f"{API}/scale", {"collectors": n})
+    finally:
+        client.close()
+
+
 def up(args) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -460,6 +473,8 @@ def up(args) -> int:
                   f"{'s' if args.learners != 1 else ''}, storage {storage}, run dir {run_dir}")
     try:
         cluster.start_coordinator()
+        if resume and args.collectors_given:
+            _wish_collectors(cluster.coordinator.url, args.collectors)
         poller = StatusPoller(cluster.coordinator.url, console.print)
         for _ in range(args.learners):
             cluster.add_learner()

@@ -186,7 +186,7 @@ def test_the_schema_catches_a_misspelt_key():
 
 def test_compose_services_and_health_checks():
     services = compose()["services"]
-    assert set(services) == {"redis", *ROLES}
+    assert set(services) == {"redis", "scaler", *ROLES}
     assert services["redis"]["image"].startswith("redis:7")
     assert "redis-cli" in services["redis"]["healthcheck"]["test"]
     for role, port in ROLES.items():
@@ -198,7 +198,21 @@ def test_compose_services_and_health_checks():
     assert deps["coordinator"] == {"redis": {"condition": "service_healthy"}}
     for worker in ("learner", "collector"):
         assert deps[worker] == {"coordinator": {"condition": "service_healthy"}}
-    assert services["coordinator"]["ports"] == ["8000:8000"]
+    assert services["coordinator"]["ports"] == ["${RLFLEET_PORT:-8000}:8000"]
+
+
+def test_compose_scaler_is_an_opt_in_privilege():
+    """The Docker socket is root on the host: the scaler runs only when its profile is
+    asked for, and is the only service that mounts it."""
+    services = compose()["services"]
+    scaler = services["scaler"]
+    assert scaler["profiles"] == ["scaler"]
+    assert compose_argv(scaler)[0] == "scaler"
+    assert any(v.endswith(":/var/run/docker.sock") for v in scaler["volumes"])
+    for name, service in services.items():
+        if name != "scaler":
+            assert "profiles" not in service, name
+            assert not any("docker.sock" in str(v) for v in service.get("volumes", [])), name
 
 
 def test_compose_collector_can_be_scaled(monkeypatch: pytest.MonkeyPatch):

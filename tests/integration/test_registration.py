@@ -130,7 +130,7 @@ def test_a_collector_goes_on_with_a_coordinator_that_resumed(processes: Processe
     """Restarted with `--resume`, the coordinator continues from the snapshot it saved on
     SIGTERM: the collector registers again and carries on, and by the end of the run no chunk
     was lost or counted twice, and storage holds exactly the chunks the buffer refers to."""
-    max_env_steps = 30_000
+    max_env_steps = 12_000  # past the 2,048-item capacity: evictions and deletions too
     config = small_config(
         tmp_path / "config.yaml",
         buffers={"replay": {"capacity": 2048, "rate_limit": {"samples_per_insert": None}}},

@@ -174,6 +174,9 @@ def _restarted(url: str, worker_id: str) -> dict:
     return w if w.get("registrations", 0) >= 2 and w["state"] == "alive" else {}
 
 
+# Slow: the chaos suite (tests/chaos) kills every role of `rlfleet up` and checks the restarts
+# and the resumption in the default suite; this one adds the published versions' order.
+@pytest.mark.slow
 def test_a_killed_collector_and_learner_are_restarted_and_the_run_goes_on(launch, tmp_path):
     run_dir = tmp_path / "run"
     up = launch("--config", str(_config(tmp_path)), "--collectors", "2", "--run-dir",

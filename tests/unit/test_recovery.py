@@ -367,6 +367,21 @@ def test_a_restarted_coordinator_gives_workers_their_tasks_back(coordinator_pool
                                                          learn["task_id"])
 
 
+def test_a_restarted_coordinator_keeps_the_collectors_wished_for(coordinator_pool, tmp_path):
+    """The launcher and the compose scaler follow the wish: a coordinator that came back
+    without it would leave them holding whatever they had."""
+    cfg = make_config(coordinator=FAST_REAP)
+    c = coordinator_pool.start(cfg, tmp_path / "storage")
+    assert ok(post(c, "/scale", {"collectors": 3}))["collectors_desired"] == 3
+    # The generation steps when a snapshot starts; two steps: one was written whole.
+    generation = c.status()["ledger"]["journal_generation"]
+    wait_for(lambda: c.status()["ledger"]["journal_generation"] > generation + 1, 10,
+             what="a snapshot after the wish")
+    sigkill(c)
+    c2 = coordinator_pool.start(cfg, tmp_path / "storage", "--resume")
+    assert c2.status()["run"]["collectors_desired"] == 3
+
+
 # -- a coordinator outage seen from a collector ---------------------------------------------
 
 def test_a_collector_pauses_while_the_coordinator_cannot_acknowledge(coordinator, task_sink,
