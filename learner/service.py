@@ -390,10 +390,13 @@ class LearnerService(WorkerService):
                     # Within a response too: with a large network one response is seconds
                     # of updates, and progress (and priorities) should not wait for its end.
                     if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
-                        last_report = time.monotonic()
                         self.metrics = {k: float(v) for k, v in step_metrics.items()}
                         self.metrics.update(self._optimizer_metrics(policy))
-                        if self._report(policy):
+                        stop = self._report(policy)
+                        # From the report's end: a report slower than the interval (a
+                        # distant coordinator) must not turn every update into a report.
+                        last_report = time.monotonic()
+                        if stop:
                             return True
                 self.update_s += time.perf_counter() - t1
                 self._maybe_checkpoint(policy)
