@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import time
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,7 @@ def test_a_group_of_one_is_one_learner():
 
 
 def _hang_main(store_addr: str, ready: str) -> None:
+    Path(ready + ".started").write_text("")  # torch imported: the rendezvous can be quick
     member = GroupMember("127.0.0.1", timeout_s=60)
     member.form(assign(generation=1, rank=1, world_size=2, store_addr=store_addr,
                                 ranks=["a", "b"], publisher=False))
@@ -183,6 +185,11 @@ def test_a_collective_with_a_hung_rank_fails_after_the_timeout_and_the_group_ref
     hung = ctx.Process(target=_hang_main, args=(member.store_addr, str(tmp_path / "ready")))
     hung.start()
     try:
+        # rank 0 waits 3 s for rank 1 at the rendezvous too: start it once rank 1 is up (a
+        # spawned process imports torch first, which takes longer on a busy machine)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready.started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         reducer = member.form(assign(generation=1, rank=0, world_size=2,
                                               store_addr=member.store_addr, ranks=["a", "b"],
                                               publisher=True))
