@@ -9,7 +9,9 @@ refers to a deleted chunk.
 The *janitor* thread deletes released chunks from storage in batches, off the request path,
 and garbage-collects chunks that were written but never announced (a collector died between
 writing and reporting them, or a coordinator died between releasing and deleting them). A
-chunk deleted that way is refused if its report turns up late: its bytes are gone.
+chunk deleted that way is refused if its report turns up late: its bytes are gone. It also
+writes the periodic snapshots: a storage call can hang for its whole retry window while
+storage is unreachable, and the scheduler must go on reaping silent workers meanwhile.
 
 `Durability` keeps no run state of its own beyond this bookkeeping. The coordinator lends it
 the replay, its condition lock (which guards the replay and the run's counters) and a few
@@ -35,6 +37,7 @@ from shared.storage import Storage, StorageError
 log = logging.getLogger("rlfleet.coordinator")
 
 _GC = "gc"  # the janitor's cue to look for chunks nobody announced
+_SNAPSHOT = "snapshot"  # the janitor's cue to save a snapshot
 _FOREVER = 1 << 62
 
 Accept = Callable[[list[ChunkMeta], str], tuple[list[ChunkMeta], list[str]]]
@@ -71,6 +74,8 @@ class Durability:
         self._janitor = threading.Thread(target=self._janitor_loop, name="janitor", daemon=True)
         self._started = False
         self._last_snapshot = clock()
+        self._snapshot_cued = False  # a snapshot cue waits for the janitor, or is being run
+        self._closing = threading.Event()  # no snapshot may follow the final one
         self._snapshot_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending_delete: list[str] = []  # released, deleted after the next snapshot
@@ -94,6 +99,7 @@ class Durability:
     def close(self) -> None:
         """Stop the janitor, then write the final snapshot (deleting what it frees
         directly, since the janitor is gone). Never raises: closing must finish."""
+        self._closing.set()
         self._delete_q.put(None)
         if self._started:
             self._janitor.join(timeout=5)
@@ -103,14 +109,12 @@ class Durability:
             log.exception("final snapshot failed")
 
     def tick(self, now: float) -> None:
-        """The scheduler's turn: a snapshot when one is due, a GC cue to the janitor."""
+        """The scheduler's turn: cues to the janitor, for a snapshot when one is due and for
+        GC. Never waits on storage itself."""
         every = self.cfg.coordinator.snapshot_interval_s
-        if every is not None and now - self._last_snapshot >= every:
-            try:
-                self.save_snapshot()
-            except StorageError as err:  # an outage: the next tick tries again
-                log.warning("snapshot not saved: %s", err)
-                self._last_snapshot = now
+        if every is not None and not self._snapshot_cued and now - self._last_snapshot >= every:
+            self._snapshot_cued = True
+            self._delete_q.put(_SNAPSHOT)
         if now - self._last_gc >= self.cfg.coordinator.gc_interval_s:
             self._last_gc = now
             self._delete_q.put(_GC)
@@ -170,7 +174,9 @@ class Durability:
         """Buffers' indexes and the run's counters to storage: copied under the lock so they
         describe one moment, encoded and written outside it so requests are not held up.
         Chunks released before the copy are deleted once it is written."""
-        with self._snapshot_lock:  # one writer at a time (scheduler, shutdown)
+        with self._snapshot_lock:  # one writer at a time (janitor, shutdown)
+            if self._closing.is_set() and not final:
+                return
             with self._journal_lock, self._cond:
                 state, counters = self.replay.snapshot(), self._counters()
                 self.replay.generation += 1  # later reports go to the next journal
@@ -233,8 +239,8 @@ class Durability:
             item = self._delete_q.get()
             if item is None:
                 return
-            gc = item == _GC
-            ids: list[str] = [] if gc else list(item)
+            gc, snapshot = item == _GC, item == _SNAPSHOT
+            ids: list[str] = [] if gc or snapshot else list(item)
             while True:  # batch whatever else is already waiting
                 try:
                     more = self._delete_q.get_nowait()
@@ -245,8 +251,12 @@ class Durability:
                     break
                 if more == _GC:
                     gc = True
+                elif more == _SNAPSHOT:
+                    snapshot = True
                 else:
                     ids.extend(more)
+            if snapshot:
+                self._snapshot()
             try:
                 if ids:
                     self.storage.delete_chunks(ids)
@@ -256,6 +266,17 @@ class Durability:
                 log.warning("storage clean-up failed (%d ids): %s", len(ids), err)
             except Exception:  # the janitor must survive a bug; logged for the operator
                 log.exception("storage clean-up failed")
+
+    def _snapshot(self) -> None:
+        try:
+            self.save_snapshot()
+        except StorageError as err:  # an outage: a later tick cues another
+            log.warning("snapshot not saved: %s", err)
+            self._last_snapshot = self.clock()
+        except Exception:  # the janitor must survive a bug; logged for the operator
+            log.exception("snapshot failed")
+        finally:
+            self._snapshot_cued = False
 
     def collect_garbage(self) -> list[str]:
         """Delete chunks in storage that no buffer holds, that are not waiting for a

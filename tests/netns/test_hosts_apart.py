@@ -22,7 +22,7 @@ another, say `configs/cartpole-dqn.yaml`). The faults take 20-40k env steps on a
 machine, so evaluations must wait until past them. PPO keeps what it learned and solves at
 the first evaluations after that (85-110 s for the whole test here); DQN with this config
 solves early (12-25k env steps) and then mostly evaluates near 100 between lucky 500s, so
-held back past the faults it solved only at 56-82k env steps (140-200 s). PPO also puts more
+held back past the faults it solved only at 56-105k env steps (140-260 s). PPO also puts more
 of the ledger to work: chunks consumed, dropped as too stale, and handed out again.
 
 The recovery times are printed (`netns recovery: {...}`, shown with `pytest -s`) and written
