@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,8 @@ from shared.algos.ppo import PPO
 from shared.config import DQNConfig, PPOConfig
 from shared.envs import EnvSpec
 from shared.schemas import GroupAssignment
+
+from .helpers import wait_for
 
 CARTPOLE = EnvSpec(obs_shape=(4,), n_actions=2)
 PENDULUM = EnvSpec(obs_shape=(3,), action_shape=(1,), action_low=(-2.0,), action_high=(2.0,))
@@ -187,9 +188,7 @@ def test_a_collective_with_a_hung_rank_fails_after_the_timeout_and_the_group_ref
     try:
         # rank 0 waits 3 s for rank 1 at the rendezvous too: start it once rank 1 is up (a
         # spawned process imports torch first, which takes longer on a busy machine)
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready.started").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: (tmp_path / "ready.started").exists(), 60, what="rank 1 started")
         reducer = member.form(assign(generation=1, rank=0, world_size=2,
                                               store_addr=member.store_addr, ranks=["a", "b"],
                                               publisher=True))
