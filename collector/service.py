@@ -7,24 +7,33 @@ the network.
 A storage outage never ends the loop: the adder holds chunks it could not write (collection
 pauses when it holds `max_held_chunks`), and a policy check that fails keeps the policy at
 hand until storage answers again.
+
+Start-up: torch takes 2-3 s to import, longer than everything else a collector does before its
+first chunk. It loads in a background thread from the process's start. Where the algorithm
+would itself act uniformly at random at the run's start (`random_warmup_steps`: the built-in
+DQN from epsilon 1, before its first update), the loop does not wait for it: it acts uniformly
+at random, its chunks saying policy version -1 (no published policy acted), until torch and
+the real policy are there, as SB3's and Dopamine's random warm-up steps do. Anything else
+(PPO: its chunks carry the acting policy's log-probs) waits for torch.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from collector.adder import StorageAdder
 from collector.rollout import Rollout, evaluate
-from collector.weights import StorageWeightSource
-from shared.algos.base import Policy, make_policy
+from shared.algos.base import ActOutput, Policy, make_policy
 from shared.codec import encode_weights
-from shared.envs import env_spec, make_vector_env
+from shared.config import RunConfig
+from shared.envs import EnvSpec, env_spec, make_vector_env
 from shared.http import HttpError
 from shared.schemas import (
     API,
@@ -41,7 +50,97 @@ from shared.schemas import (
 from shared.storage import Storage, StorageError, evaluated_blob, open_storage
 from shared.worker import WorkerService
 
+if TYPE_CHECKING:
+    from collector.weights import StorageWeightSource
+
 log = logging.getLogger("rlfleet.collector")
+
+
+def random_warmup_steps(cfg: RunConfig) -> int:
+    """Env steps of the run (all collectors' together) during which a collector may act
+    uniformly at random instead of waiting for torch: only where the algorithm's own
+    behaviour is uniformly random then. The built-in DQN at `eps_start` 1 explores with
+    epsilon near 1 and a network no update has touched until its buffer holds `min_size`
+    transitions (learning starts there): until then, uniform random actions are what it
+    would do, give or take the untrained network's few greedy picks. 0 for anything else:
+    PPO's chunks carry the acting policy's log-probs, a user's policy is unknown."""
+    algo = cfg.algo
+    if algo.policy or algo.name != "dqn" or getattr(algo, "eps_start", 0.0) < 1.0:
+        return 0
+    return min(b.rate_limit.min_size for b in cfg.buffers.values())
+
+
+class RandomPolicy:
+    """Uniform random actions, as no published policy (version -1): what a DQN collector
+    acts with while torch loads (`random_warmup_steps`). Only `act` and `bootstrap` are ever
+    called on it; evaluation waits for the real policy."""
+
+    on_policy = False
+    version = -1
+    train_iterations = 0
+
+    def __init__(self, spec: EnvSpec, seed: int) -> None:
+        if not spec.discrete:
+            raise ValueError("uniform random warm-up needs a discrete action space")
+        self.n_actions = spec.n_actions
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
+        return ActOutput(self.rng.integers(self.n_actions, size=obs.shape[0]))
+
+    def bootstrap(self, obs: np.ndarray) -> None:
+        return None
+
+
+IMPORT_NICE = 10
+
+
+def _nicer(steps: int) -> None:
+    """Lower the calling thread's scheduling priority by `steps` (Linux: per thread; where
+    that is not so or not allowed, nothing changes)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid)
+                                                 + steps))
+    except (AttributeError, OSError):
+        pass
+
+
+class TorchLoader:
+    """Imports torch (and what needs it) in a background thread from the process's start,
+    with one intra-op thread (shared with env stepping on a small machine, more threads only
+    contend). `ready` is set when done; an import error is kept and raised by `wait`.
+
+    The thread runs `IMPORT_NICE` steps nicer than the process (Linux sets niceness per
+    thread): while the whole cluster starts on a small machine, the coordinator's start, this
+    collector's registration and its first chunks should get the cores before 2-3 CPU seconds
+    of importing torch that nothing needs yet."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, name="torch-import", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            _nicer(IMPORT_NICE)
+            import torch
+
+            import collector.weights  # noqa: F401 - its import needs torch
+
+            torch.set_num_threads(1)
+        except BaseException as err:  # raised again on the loop's thread by wait()
+            self.error = err
+        finally:
+            self.ready.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.ready.wait(timeout):
+            return False
+        if self.error is not None:
+            raise RuntimeError(f"importing torch failed: {self.error}") from self.error
+        return True
 
 
 class CollectorService(WorkerService):
@@ -64,6 +163,8 @@ class CollectorService(WorkerService):
         self._storage_out = False  # the policy check failed: log once per outage
         self.error: str | None = None
         self._t0 = time.monotonic()
+        self.torch = TorchLoader()
+        self.random_steps = 0  # env steps acted by RandomPolicy while torch loaded
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -100,7 +201,6 @@ class CollectorService(WorkerService):
             self.fail()
 
     def _run(self) -> None:
-        torch.set_num_threads(1)
         cfg = self.wait_config()
         assert self.task is not None
         # A short retry window: during an outage the adder holds chunks and the envs go on,
@@ -109,8 +209,6 @@ class CollectorService(WorkerService):
         spec = env_spec(cfg.env)
         seed = self.task.seed
         envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
-        policy = make_policy(cfg.algo, spec, seed)
-        weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s,
                              max_held_chunks=cfg.collector.max_held_chunks)
@@ -118,23 +216,48 @@ class CollectorService(WorkerService):
         if self._closing.is_set():  # closed while starting: an add() must not wait for room
             adder.halt()
         task = self.task
-        rollout = Rollout(envs, policy, task.chunk_size, task.mode, task.episodes_per_chunk)
+        warmup_steps = random_warmup_steps(cfg)
+        # The real policy and its weight source once torch is there; until then, uniform
+        # random actions where the algorithm allows (None: wait for torch).
+        policy: Policy | RandomPolicy | None = (
+            RandomPolicy(spec, seed) if warmup_steps and not self.torch.ready.is_set()
+            else None)
+        weights: StorageWeightSource | None = None
+        rollout: Rollout | None = None
         eval_envs = None
         try:
             while not self._closing.is_set() and not adder.stop.is_set():
-                while not self._evals.empty():
+                if weights is None and (policy is None or self.torch.ready.is_set()
+                                        or not self._evals.empty()
+                                        or adder.global_env_steps >= warmup_steps
+                                        or self.random_steps >= warmup_steps):
+                    if not self.torch.wait(0.1):  # then look at closing again
+                        continue
+                    policy, weights = self._real_policy(cfg, spec, seed, storage)
+                    if rollout is not None:
+                        rollout.policy = policy
+                        log.info("torch loaded: acting with the %s policy after %d env steps "
+                                 "at random", cfg.algo.name, self.random_steps)
+                assert policy is not None
+                if rollout is None:
+                    rollout = Rollout(envs, policy, task.chunk_size, task.mode,
+                                      task.episodes_per_chunk)
+                while weights is not None and not self._evals.empty():
                     task = self._evals.get_nowait()
                     if eval_envs is None or eval_envs.num_envs != task.num_envs:
                         eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
                     self._evaluate(task, eval_envs, policy, weights, storage)
                 if adder.throttle.is_set() and not self._wait_for_permit(adder):
                     continue
-                self._refresh(policy, weights)
+                if weights is not None:
+                    self._refresh(policy, weights)
                 if rollout.bootstraps and policy.version < 0:
                     # On-policy data must carry the log-probs of a published policy.
                     self._closing.wait(0.05)
                     continue
                 chunk = rollout.collect(max(adder.global_env_steps, rollout.env_steps))
+                if isinstance(policy, RandomPolicy):
+                    self.random_steps += len(chunk.arrays["reward"])
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
                           chunk.episode_return_components)
@@ -150,6 +273,14 @@ class CollectorService(WorkerService):
             if eval_envs is not None:
                 eval_envs.close()
             storage.close()
+
+    def _real_policy(self, cfg: RunConfig, spec: EnvSpec, seed: int, storage: Storage
+                     ) -> tuple[Policy, StorageWeightSource]:
+        """The config's policy and the source of its published weights (torch is loaded)."""
+        from collector.weights import StorageWeightSource
+
+        weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
+        return make_policy(cfg.algo, spec, seed), weights
 
     def _refresh(self, policy: Policy, weights: StorageWeightSource,
                  force: bool = False) -> None:
@@ -170,8 +301,14 @@ class CollectorService(WorkerService):
             self.policy_loads += 1
 
     def _wait_for_permit(self, adder: StorageAdder) -> bool:
-        """The coordinator said the learner is behind: wait (blocking on its side) until
-        collecting may go on. Returns False to let the loop look at evals and closing."""
+        """The coordinator said the learner is behind: wait until it has the answer to every
+        chunk written here, then (blocking on its side) until collecting may go on. A permit
+        lets one chunk in; the throttle stays until an answer lifts it. Returns False to let
+        the loop look at evals and closing."""
+        if not adder.flush(timeout=1.0):
+            return False
+        if not adder.throttle.is_set():  # the answer to the last chunk lifted it
+            return True
         try:
             resp = self.agent.client.post(
                 f"{API}/permits/collect",
@@ -183,8 +320,6 @@ class CollectorService(WorkerService):
             return False
         if resp.stop:
             adder.halt()
-        if resp.granted:
-            adder.throttle.clear()
         return resp.granted
 
     def _evaluate(self, task: EvaluateTask, envs, policy: Policy,
@@ -229,7 +364,8 @@ class CollectorService(WorkerService):
                 "policy_version": self.policy_version, "policy_loads": self.policy_loads,
                 "chunks_written": self.chunks_written, "chunks_reported": self.chunks_reported,
                 "chunks_held": held, "write_failures": failures,
-                "evaluations": self.evaluations_run, "error": self.error}
+                "evaluations": self.evaluations_run, "error": self.error,
+                "random_warmup_env_steps": self.random_steps}
 
     def on_run_stopped(self) -> None:
         self._closing.set()

@@ -8,6 +8,7 @@
     rlfleet status [--coordinator URL]
     rlfleet scaler --coordinator URL                          # compose: collectors as containers
     rlfleet single --config PATH                               # no HTTP, no storage
+    rlfleet check --config PATH                                # build its env and policy
 
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
 `RLFLEET_COORDINATOR`, `RLFLEET_PORT`, `RLFLEET_STORAGE`), which is how compose and Kubernetes
@@ -55,7 +56,6 @@ def _advertise(args: argparse.Namespace) -> str:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from coordinator.app import create_app
     from services.serve import serve
 
     _setup_logging("coordinator")
@@ -66,14 +66,21 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     storage = args.storage or cfg.storage or str(run_dir / "storage")
     run_dir.mkdir(parents=True, exist_ok=True)
-    serve(lambda: create_app(cfg, storage, run_dir, start=False, resume=args.resume),
-          args.host, args.port,
-          threads=args.threads)
+
+    def factory():
+        from coordinator.app import create_app  # in gunicorn's worker, not its master
+
+        return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
+
+    serve(factory, args.host, args.port, threads=args.threads)
     return 0
 
 
 def _worker(args: argparse.Namespace, role: str) -> int:
-    from services.serve import serve
+    """Serve a collector or a learner from this one process (`services/serve.py`). The role's
+    module is imported here, after the arguments are checked: a collector's imports leave torch
+    to a background thread (it acts before torch has loaded where its algorithm allows)."""
+    from services.serve import serve_in_process
     from shared.worker import create_worker_app
 
     _setup_logging(role)
@@ -84,14 +91,47 @@ def _worker(args: argparse.Namespace, role: str) -> int:
     if role == "collector":
         from collector.service import CollectorService as Service
     else:
-        from learner.service import LearnerService as Service
+        Service = _import_nicer("learner.service", "LearnerService")
 
     def factory():
         service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
         return create_worker_app(service)
 
-    serve(factory, args.host, args.port, threads=4)
-    return 0
+    return serve_in_process(factory, args.host, args.port, threads=4)
+
+
+# How much nicer than the process an import of torch runs while a cluster starts.
+IMPORT_NICE = 10
+
+
+def _import_nicer(module: str, name: str):
+    """`module.name`, imported on a thread `IMPORT_NICE` steps nicer than this one (Linux
+    sets niceness per thread). A learner imports torch (2-3 CPU seconds) as the whole cluster
+    starts on a small machine; it has nothing to train on before the first chunks, so the
+    coordinator's start and the collectors' first chunks take the cores first."""
+    import importlib
+    import threading
+
+    found: dict[str, object] = {}
+
+    def load() -> None:
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + IMPORT_NICE))
+        except (AttributeError, OSError):
+            pass  # not Linux, or not allowed: import at the process's priority
+        try:
+            found["value"] = getattr(importlib.import_module(module), name)
+        except BaseException as err:  # raised again on the calling thread
+            found["error"] = err
+
+    thread = threading.Thread(target=load, name=f"import-{module}")
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["value"]
 
 
 def _supervision_options(p: argparse.ArgumentParser) -> None:
@@ -178,6 +218,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return print_status(args.coordinator)
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Build what a config names (its env and its policy, torch and the user's code
+    included): `rlfleet up` runs this in a child when a config names code by import path, so
+    the launcher itself never imports torch."""
+    from shared.algos.base import check_run_config
+
+    check_run_config(load_config(args.config))
+    print(f"{args.config}: ok")
+    return 0
+
+
 def cmd_single(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -210,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_coordinator)
 
     for role in ("collector", "learner"):
-        w = sub.add_parser(role, help=f"serve a {role} that joins a coordinator")
+        w = sub.add_parser(role, help=f"serve a {role} that joins a coordinator (one process: "
+                           "its HTTP endpoint is a thread pool beside the role's loop)")
         w.add_argument("--coordinator", default=env("COORDINATOR"))
         w.add_argument("--host", default=env("HOST", "127.0.0.1"))
         w.add_argument("--port", type=int, default=int(env("PORT", "0")))
@@ -283,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="print a running cluster as a table")
     s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
     s.set_defaults(func=cmd_status)
+
+    k = sub.add_parser("check", help="check a config: load it, build its env and its policy")
+    k.add_argument("--config", required=True)
+    k.set_defaults(func=cmd_check)
 
     g = sub.add_parser("single", help="train in one process (baseline, hyperparameter trials)")
     g.add_argument("--config", required=True)

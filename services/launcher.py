@@ -2,9 +2,13 @@
 interrupted.
 
 Each role is its own process running the same `rlfleet <role>` command a container runs, on a
-free loopback port. Children get their own session (Ctrl-C reaches only the launcher, which
-then stops them in order: workers first, so they can leave cleanly, then the coordinator) and
-a parent-death signal (if the launcher is killed outright, they die with it: no orphans).
+free loopback port. All start at once: workers register themselves (retrying until the
+coordinator answers), so nothing waits for another process's imports, and the launcher never
+imports torch (`check_run_config(build=False)`; a config that names code by import path is
+checked by a `rlfleet check` child). Children get their own session (Ctrl-C reaches only the
+launcher, which then stops them in order: workers first, so they can leave cleanly, then the
+coordinator) and a parent-death signal (if the launcher is killed outright, they die with it:
+no orphans).
 
 The launcher supervises its children the way compose's `restart:` or a Kubernetes Deployment
 does, so a local run survives what a deployed one survives: a child that exits on
@@ -34,7 +38,7 @@ import yaml
 
 from services.cli import free_port
 from shared.algos.base import check_run_config
-from shared.config import ConfigError, load_config
+from shared.config import ConfigError, RunConfig, load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
@@ -159,10 +163,21 @@ class LocalCluster:
         return ["--config", str(self.config_path), "--run-dir", str(self.run_dir),
                 "--storage", self.storage, *(["--resume"] if resume else [])]
 
-    def start_coordinator(self, timeout_s: float = 60.0) -> Child:
+    def start_coordinator(self, timeout_s: float = 60.0, wait: bool = True) -> Child:
+        """Start the coordinator; with `wait`, return once it answers `/health`. Workers
+        need not wait for it (they register once it answers): `up` starts them meanwhile
+        and calls `wait_coordinator` after."""
         port = free_port()
         self.coordinator = self._spawn("coordinator", "coordinator",
                                        self._coordinator_args(self.resume), port)
+        if wait:
+            self.wait_coordinator(timeout_s)
+        return self.coordinator
+
+    def wait_coordinator(self, timeout_s: float = 60.0) -> Child:
+        """Block until the coordinator answers `/health`; `ChildFailed` if it exits first or
+        does not answer in time."""
+        assert self.coordinator is not None
         client = HttpClient(self.coordinator.url, timeout_s=2, retries=0)
         deadline = time.monotonic() + timeout_s
         try:
@@ -175,7 +190,7 @@ class LocalCluster:
                     client.get("/health")
                     return self.coordinator
                 except HttpError:
-                    time.sleep(0.1)
+                    time.sleep(0.05)
         finally:
             client.close()
         raise ChildFailed(f"coordinator did not answer /health within {timeout_s}s")
@@ -312,9 +327,33 @@ class LocalCluster:
             self.stop([self.coordinator])
 
 
+def names_code(cfg: RunConfig) -> bool:
+    """Whether a config names code by import path (`algo.policy`, or an `env.id` such as
+    `package.module:Env`): only importing and building it can check it."""
+    return bool(cfg.algo.policy) or ":" in cfg.env.id
+
+
+def check_config(cfg: RunConfig, path: Path | str) -> None:
+    """`check_run_config` without torch in this process: a built-in algorithm on a gymnasium
+    env is checked here without building it; a config that names code by import path is
+    built by a `rlfleet check` child (that code may import torch), whose one-line error
+    becomes ours. Raises `ConfigError`."""
+    if not names_code(cfg):
+        check_run_config(cfg, build=False)
+        return
+    done = subprocess.run([sys.executable, "-m", "services.cli", "check", "--config",
+                           str(path)], capture_output=True, text=True, cwd=os.getcwd())
+    if done.returncode != 0:
+        text = done.stderr.strip()
+        if text.startswith("rlfleet check: "):  # a ConfigError, said in full
+            raise ConfigError(text.removeprefix("rlfleet check: "))
+        last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
+        raise ConfigError(f"building what {path} names failed: {last}")
+
+
 def _resolve(args) -> tuple[Path, Path, str, dict]:
     cfg = load_config(args.config)
-    check_run_config(cfg)
+    check_config(cfg, args.config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -343,7 +382,7 @@ def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
     if not config_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
     cfg = load_config(config_path)
-    check_run_config(cfg)
+    check_config(cfg, config_path)
     stop = cfg.stop.model_dump()
     if args.max_wall_s:
         stop["max_wall_s"] = args.max_wall_s
@@ -448,6 +487,7 @@ def up(args) -> int:
     from rich.live import Live
     from rich.text import Text
 
+    launched = time.monotonic() - process_age_s()  # this process's start, on our clock
     console = Console(stderr=True)
     resume = getattr(args, "resume", False)
     config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
@@ -471,15 +511,18 @@ def up(args) -> int:
     console.print(f"[bold]rlfleet {'resume' if resume else 'up'}[/]: {cfg['env']['id']} with "
                   f"{args.collectors} collectors, {args.learners} learner"
                   f"{'s' if args.learners != 1 else ''}, storage {storage}, run dir {run_dir}")
+    first_chunk: FirstChunk | None = None if resume else FirstChunk(launched)
     try:
-        cluster.start_coordinator()
-        if resume and args.collectors_given:
-            _wish_collectors(cluster.coordinator.url, args.collectors)
-        poller = StatusPoller(cluster.coordinator.url, console.print)
+        # Everything at once: workers register as soon as the coordinator answers.
+        cluster.start_coordinator(wait=False)
         for _ in range(args.learners):
             cluster.add_learner()
         for _ in range(args.collectors):
             cluster.add_collector()
+        cluster.wait_coordinator()
+        if resume and args.collectors_given:
+            _wish_collectors(cluster.coordinator.url, args.collectors)
+        poller = StatusPoller(cluster.coordinator.url, console.print)
         live_ok = console.is_terminal and not args.quiet
         last_print = 0.0
         with Live(Text("starting..."), console=console, refresh_per_second=4,
@@ -489,11 +532,14 @@ def up(args) -> int:
                     outcome, code, error = "interrupted", 130, "interrupted by signal"
                     break
                 _supervise(cluster, console.print)
+                asked = time.monotonic()
                 polled = poller.poll()
                 if polled is None:
                     time.sleep(0.5)
                     continue
                 status = polled
+                if first_chunk is not None and not cluster.restarts["coordinator"]:
+                    first_chunk.observe(status, asked, time.monotonic())
                 _scale(cluster, status, console.print)
                 line = _progress_text(status, time.monotonic() - started)
                 if live_ok:
@@ -524,11 +570,47 @@ def up(args) -> int:
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,
                        run_dir, cfg, dict(cluster.restarts))
+    summary["first_chunk_s_from_launch"] = (
+        round(first_chunk.seconds, 3) if first_chunk and first_chunk.seconds is not None
+        else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"summary: {run_dir / 'summary.json'}: solved={summary['solved']} "
                   f"eval_return={_fmt(summary['eval_return'])} env_steps={summary['env_steps']} "
                   f"wall_seconds={summary['wall_seconds']:.1f}")
     return code
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in /proc, against the same
+    boot clock), so a start-up figure includes the interpreter's start and our imports; 0.0
+    where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+    return max(0.0, age)
+
+
+class FirstChunk:
+    """When the coordinator accepted its first chunk, in seconds from the launch of `rlfleet
+    up` (`summary.json`: `first_chunk_s_from_launch`). The coordinator says it on its own
+    clock (`run.first_chunk_s` from its start, beside `run.wall_seconds`); their difference is
+    how long ago that was when it answered, which places it on ours (within the half of one
+    status request's round trip). Observed from a coordinator that has not restarted."""
+
+    def __init__(self, launched: float) -> None:
+        self.launched = launched
+        self.seconds: float | None = None
+
+    def observe(self, status: dict, asked: float, answered: float) -> None:
+        run = status.get("run", {})
+        if (self.seconds is not None or run.get("first_chunk_s") is None
+                or run.get("state") == "stopped"):  # a stopped run's wall clock stands still
+            return
+        ago = float(run["wall_seconds"]) - float(run["first_chunk_s"])
+        self.seconds = max(0.0, (asked + answered) / 2 - ago - self.launched)
 
 
 def _save_evaluations(cluster: LocalCluster, run_dir: Path) -> None:

@@ -1,34 +1,37 @@
-"""Serving a role's Flask app with gunicorn (`-k gthread -w 1`) from inside our CLI.
+"""Serving a role's Flask app from inside our CLI, in one of two ways.
 
-The app is built in the worker process (never before the fork, so its threads are the
-worker's), its background work starts in `post_worker_init` and stops in `worker_exit`.
-One worker process because each role keeps its state in memory; threads serve concurrent
-requests (a learner's sample request can wait while collectors report).
+- `serve` (the coordinator): gunicorn, `-k gthread -w 1`. The app is built in the worker
+  process (never before the fork, so its threads are the worker's), its background work starts
+  in `post_worker_init` and stops in `worker_exit`. One worker process because the coordinator
+  keeps its state in memory; threads serve concurrent requests (a learner's sample request can
+  wait while collectors report). The master imports nothing of the app: it only supervises.
+- `serve_in_process` (collectors and learners): the HTTP endpoint is a thread pool in the
+  role's own process (cheroot, CherryPy's production WSGI server). A worker answers a handful
+  of requests a second (task pushes, `/health`, `/status`), so a second process buys nothing,
+  while each process that imports torch costs about 150 MB of private memory and a gunicorn
+  master plus its worker held torch twice. The process stops on SIGTERM/SIGINT as gunicorn's
+  did: it stops serving (requests in flight finish), closes the service (a collector drains,
+  a learner checkpoints, both leave the coordinator) and exits 0; a role whose loop dies
+  (`WorkerService.fail`) goes the same way and exits 1, so whatever supervises it (the
+  launcher, compose, Kubernetes) sees the crash and restarts it.
+
+Either way the app is a plain WSGI app: the pytest client serves the very same one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
-from gunicorn.app.base import BaseApplication
 
+from shared.config import ConfigError
 
-class _Gunicorn(BaseApplication):
-    def __init__(self, factory: Callable[[], Flask], options: dict[str, Any]) -> None:
-        self.factory = factory
-        self.options = options
-        super().__init__()
-
-    def load_config(self) -> None:
-        for key, value in self.options.items():
-            self.cfg.set(key, value)
-
-    def load(self) -> Flask:
-        return self.factory()
+log = logging.getLogger("rlfleet.serve")
 
 
 def _start(worker) -> None:
@@ -46,7 +49,22 @@ def _stop(server, worker) -> None:
 
 def serve(factory: Callable[[], Flask], host: str, port: int, threads: int = 8,
           log_level: str = "warning") -> None:
-    """Run until SIGTERM/SIGINT; blocks."""
+    """Run under gunicorn until SIGTERM/SIGINT; blocks. `factory` runs in the worker process
+    only, so whatever it imports stays out of the master."""
+    from gunicorn.app.base import BaseApplication
+
+    class _Gunicorn(BaseApplication):
+        def __init__(self, options: dict[str, Any]) -> None:
+            self.options = options
+            super().__init__()
+
+        def load_config(self) -> None:
+            for key, value in self.options.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Flask:
+            return factory()
+
     options = {
         "bind": f"{host}:{port}",
         "workers": 1,
@@ -60,4 +78,71 @@ def serve(factory: Callable[[], Flask], host: str, port: int, threads: int = 8,
         "post_worker_init": _start,
         "worker_exit": _stop,
     }
-    _Gunicorn(factory, options).run()
+    _Gunicorn(options).run()
+
+
+class InProcessServer:
+    """A role's app served by a thread pool of this process, started and stopped around the
+    role's service (`app.extensions["rlfleet"]`). `run` blocks until a stop is asked for
+    (`request_stop`, SIGTERM or SIGINT once `run` has installed its handlers, or the service's
+    `on_fatal`) and returns the process's exit code."""
+
+    def __init__(self, app: Flask, host: str, port: int, threads: int = 4,
+                 shutdown_timeout_s: float = 10.0) -> None:
+        from cheroot.wsgi import Server  # noqa: PLC0415 - only the worker roles need it
+
+        self.app = app
+        self.service = app.extensions["rlfleet"]
+        self.server = Server((host, port), app, numthreads=threads, request_queue_size=64,
+                             timeout=30, shutdown_timeout=shutdown_timeout_s)
+        self._stop = threading.Event()
+        self.fatal = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one asked for, or the one the OS chose for port 0)."""
+        return self.server.bind_addr[1]
+
+    def listen(self) -> InProcessServer:
+        """Bind and start answering requests in a thread; a port that cannot be had is a
+        `ConfigError` naming it, not a traceback."""
+        try:
+            self.server.prepare()
+        except OSError as err:
+            host, port = self.server.bind_addr[:2]
+            raise ConfigError(f"cannot listen on {host}:{port}: {err}") from None
+        self._thread = threading.Thread(target=self.server.serve, name="http", daemon=True)
+        self._thread.start()
+        return self
+
+    def request_stop(self, fatal: bool = False) -> None:
+        self.fatal = self.fatal or fatal
+        self._stop.set()
+
+    def run(self, install_signals: bool = True) -> int:
+        """Serve and run the service until asked to stop; then stop serving (requests in
+        flight finish), close the service and return 0, or 1 after a fatal error."""
+        if install_signals:  # only the main thread may; tests drive `request_stop` instead
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda signum, frame: self._stop.set())
+        if self._thread is None:
+            self.listen()
+        self.service.on_fatal = lambda: self.request_stop(fatal=True)
+        try:
+            self.service.start()
+            while not self._stop.wait(1.0):  # a timed wait lets signal handlers run promptly
+                pass
+        finally:
+            self.server.stop()
+            self.service.close()
+        if self.fatal:
+            log.error("%s stopped after a fatal error", self.service.role.value)
+        return 1 if self.fatal else 0
+
+
+def serve_in_process(factory: Callable[[], Flask], host: str, port: int,
+                     threads: int = 4) -> int:
+    """Build the app, serve it from this process and run its service until SIGTERM/SIGINT;
+    blocks and returns the exit code."""
+    return InProcessServer(factory(), host, port, threads).run()

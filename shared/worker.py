@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,9 @@ from shared.schemas import (
 from shared.webapp import install_error_handlers, parse_body
 
 log = logging.getLogger("rlfleet.worker")
+
+FIRST_REGISTER_INTERVAL_S = 0.1
+QUIET_S = 5.0
 
 
 class WorkerAgent:
@@ -74,10 +78,10 @@ class WorkerAgent:
         assert self.info is not None
         return self.info
 
-    def _register(self) -> None:
+    def _register(self, retries: int | None = None) -> None:
         req = RegisterRequest(role=self.role, url=self.advertise_url,
                               worker_id=self.worker_id or self.requested_id)
-        info = self.client.post(f"{API}/workers", req, RegisterResponse)
+        info = self.client.post(f"{API}/workers", req, RegisterResponse, retries=retries)
         first = self.info is None
         self.info = info
         self.registered.set()
@@ -105,16 +109,24 @@ class WorkerAgent:
                 self.on_stop()
 
     def _run(self) -> None:
-        interval = 0.5
+        """Register, then heartbeat. Until the first registration, one attempt every
+        `FIRST_REGISTER_INTERVAL_S`: workers start beside the coordinator rather than after
+        it, and the first chunk waits for the first registration. A coordinator that does
+        not answer then is said once every `QUIET_S`, not at every attempt."""
+        interval = FIRST_REGISTER_INTERVAL_S
+        said = float("-inf")
         while not self._closing.is_set():
             try:
-                if not self.registered.is_set():
-                    self._register()
-                    interval = self.info.heartbeat_interval_s if self.info else 0.5
+                if self.info is None:
+                    self._register(retries=0)
+                    interval = self.info.heartbeat_interval_s if self.info else interval
                 else:
                     self._heartbeat()
             except HttpError as err:
-                log.warning("%s could not reach the coordinator: %s", self.role.value, err)
+                if self.info is not None or time.monotonic() - said >= QUIET_S:
+                    said = time.monotonic()
+                    log.warning("%s could not reach the coordinator: %s", self.role.value,
+                                err)
             except Exception:  # the agent outlives anything: a silent worker is reaped
                 log.exception("%s agent: unexpected error", self.role.value)
             self._closing.wait(interval)
@@ -148,7 +160,7 @@ class WorkerService(ABC):
                  storage_override: str | None = None) -> None:
         self.storage_override = storage_override
         self.config: RunConfig | None = None
-        # Set by whatever serves the app (services/serve.py): how to stop the whole server.
+        # Set by whatever serves the app (services/serve.py): how to stop the whole process.
         self.on_fatal: Callable[[], None] | None = None
         # Set once the first registration's config is in hand: the coordinator may push a
         # task before the agent has finished reading the registration's answer.
@@ -200,9 +212,9 @@ class WorkerService(ABC):
         return self
 
     def fail(self) -> None:
-        """The role's loop died: stop the whole server (the gunicorn master is our parent) so
-        the launcher or the orchestrator sees the crash, rather than a process that answers
-        /health but does no work."""
+        """The role's loop died: stop the whole process (`services/serve.py`) so the launcher
+        or the orchestrator sees the crash, rather than a process that answers /health but
+        does no work."""
         log.error("%s is stopping after a fatal error", self.role.value)
         if self.on_fatal is not None:
             self.on_fatal()

@@ -32,12 +32,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from shared.envs import EnvSpec
+
+# torch for annotations only: a collector acts, and the launcher checks a config, before
+# torch (2-3 s to import) has loaded or without it.
+if TYPE_CHECKING:
+    import torch
 
 BASE_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "cut")
 
@@ -152,10 +156,19 @@ def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
     return policy_class(algo_cfg)(algo_cfg, spec, seed)
 
 
-def check_run_config(cfg: Any) -> None:
+# Built-in algorithms that need a discrete action space: what `check_run_config(build=False)`
+# checks without importing them (and torch); their constructors check it again.
+DISCRETE_ONLY = {"dqn"}
+
+
+def check_run_config(cfg: Any, build: bool = True) -> None:
     """Import and build what a run's config names (its env and its policy), so a wrong
     import path or an algorithm that cannot act in the env is a config error at launch, not
-    a crash in every worker. Raises `ConfigError` naming the field."""
+    a crash in every worker. Raises `ConfigError` naming the field.
+
+    `build=False` checks a built-in algorithm's needs of the env without building it, so the
+    caller (`rlfleet up`) never imports torch; a policy named by import path is always built,
+    since only building it can show it works."""
     from shared.config import ConfigError
     from shared.envs import env_spec
 
@@ -165,6 +178,12 @@ def check_run_config(cfg: Any) -> None:
         raise ConfigError(str(err)) from None
     except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
         raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
+    if not build and not cfg.algo.policy:
+        if cfg.algo.name in DISCRETE_ONLY and not spec.discrete:
+            raise ConfigError(f"algo: algo.name={cfg.algo.name!r} needs a discrete action "
+                              f"space; this env has continuous actions of shape "
+                              f"{spec.action_shape}")
+        return
     try:
         make_policy(cfg.algo, spec, cfg.seed)
     except ImportPathError as err:

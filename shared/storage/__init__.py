@@ -14,7 +14,6 @@ from shared.storage.base import (
     validate_id,
 )
 from shared.storage.directory import DirectoryStorage
-from shared.storage.redis_store import DEFAULT_RETRY_S, RedisStorage
 
 RETRY_ENV = "RLFLEET_STORAGE_RETRY_S"
 
@@ -35,6 +34,8 @@ def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = N
     `max_retry_s` caps it for a caller with a better plan than waiting (a collector holds
     its chunks and goes on collecting)."""
     if url.startswith(("redis://", "rediss://", "unix://")):
+        from shared.storage.redis_store import RedisStorage
+
         retry_s = _retry_s() if max_retry_s is None else min(_retry_s(), max_retry_s)
         return RedisStorage(url, namespace, retry_s=retry_s)
     if url.startswith("file://"):
@@ -42,7 +43,19 @@ def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = N
     return DirectoryStorage(url)
 
 
+def __getattr__(name: str):
+    """`RedisStorage` on first use: importing redis takes a few tenths of a second, which a
+    run on a directory (the local default) need not spend while it starts."""
+    if name == "RedisStorage":
+        from shared.storage.redis_store import RedisStorage
+
+        return RedisStorage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _retry_s() -> float:
+    from shared.storage.redis_store import DEFAULT_RETRY_S
+
     raw = os.environ.get(RETRY_ENV, "").strip()
     if not raw:
         return DEFAULT_RETRY_S

@@ -1,0 +1,71 @@
+"""How `rlfleet up` starts and what its processes hold: one process per role, torch only where
+something acts or learns (never in the launcher or the coordinator), and the first chunk
+placed on the launcher's clock in summary.json (`first_chunk_s_from_launch`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .helpers import proc_cmdline, proc_ppid, small_config, wait_for
+
+MAX_ENV_STEPS = 6_000
+
+
+def maps_torch(pid: int) -> bool:
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def role_of(pid: int) -> str | None:
+    args = proc_cmdline(pid).split()
+    if "services.cli" not in args:
+        return None
+    return args[args.index("services.cli") + 1]
+
+
+def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp_path: Path):
+    config = small_config(tmp_path / "small.yaml",
+                          stop={"max_env_steps": MAX_ENV_STEPS, "max_wall_s": 150})
+    run_dir = tmp_path / "run"
+    up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
+                "--quiet")
+
+    def training() -> dict[int, str] | None:
+        assert up.proc.poll() is None, "rlfleet up ended before training"
+        roles = {pid: role_of(pid) for pid in up.descendants()}
+        roles = {pid: role for pid, role in roles.items() if role}
+        learner = [p for p, r in roles.items() if r == "learner"]
+        # training: every role is up and the learner has loaded torch
+        if sorted(roles.values()) == ["collector", "collector", "coordinator", "coordinator",
+                                      "learner"] and learner and maps_torch(learner[0]):
+            return roles
+        return None
+
+    roles = wait_for(training, 120, "the cluster to train")
+    by_role: dict[str, list[int]] = {}
+    for pid, role in roles.items():
+        by_role.setdefault(role, []).append(pid)
+    # The coordinator is gunicorn's master and its worker; every other role is one process,
+    # a child of the launcher.
+    for role in ("learner", "collector"):
+        for pid in by_role[role]:
+            assert proc_ppid(pid) == up.proc.pid, f"{role} {pid} is not the launcher's child"
+    master, worker = sorted(by_role["coordinator"], key=lambda p: proc_ppid(p) != up.proc.pid)
+    assert proc_ppid(worker) == master
+    assert not maps_torch(up.proc.pid), "the launcher imported torch"
+    assert not maps_torch(master) and not maps_torch(worker), "the coordinator imported torch"
+    assert all(maps_torch(p) for p in by_role["learner"])
+
+    code = up.wait(timeout=180)
+    assert code in (0, 3), f"exit code {code}:\n{up.stderr[-3000:]}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    from_launch, from_coordinator = (summary["first_chunk_s_from_launch"],
+                                     summary["first_chunk_seconds"])
+    assert from_launch is not None and from_coordinator is not None, summary
+    # The launcher starts before the coordinator, which starts before the first chunk.
+    assert from_launch >= from_coordinator > 0
+    assert from_launch <= summary["wall_seconds"]
+    up.assert_no_orphans()

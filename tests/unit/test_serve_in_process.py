@@ -1,0 +1,178 @@
+"""services/serve.py's in-process server: a worker role's app served by a thread pool of the
+role's own process, over real HTTP on loopback. What gunicorn gave a worker must still hold:
+the token guard and the JSON body limit (also for a chunked body), the service started with
+the server and closed after it, a fatal error in the role's loop ending the process (exit 1),
+a stop request ending it cleanly (exit 0); and `rlfleet collector` is one process that
+SIGTERM ends with code 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from services.serve import InProcessServer
+from shared.config import ConfigError
+from shared.schemas import Role, TaskAccepted, TaskEnvelope
+from shared.worker import WorkerService, create_worker_app
+
+from .helpers import closed_port, descendants, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "s3cret-token"
+LIMIT = 4096
+
+
+class Recorder(WorkerService):
+    """A worker role whose loop is a thread that fails when told to."""
+
+    role = Role.COLLECTOR
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[str] = []
+        self.die = threading.Event()
+        self._loop = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.die.wait()
+        self.fail()
+
+    def start(self) -> Recorder:
+        self.events.append("start")
+        self._loop.start()
+        return super().start()
+
+    def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
+        self.events.append(f"task {envelope.task.task_id}")
+        return TaskAccepted(task_id=envelope.task.task_id, accepted=True)
+
+    def status(self) -> dict[str, Any]:
+        return {"events": list(self.events)}
+
+    def close(self) -> None:
+        self.events.append("close")
+        super().close()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch):
+    """A Recorder behind the in-process server with a token and a small body limit; the
+    coordinator it names is a closed port (its agent just keeps trying)."""
+    monkeypatch.setenv("RLFLEET_TOKEN", TOKEN)
+    monkeypatch.delenv("RLFLEET_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("RLFLEET_MAX_BODY_BYTES", str(LIMIT))
+    port = free_port()
+    service = Recorder(f"http://127.0.0.1:{closed_port()}", f"http://127.0.0.1:{port}")
+    server = InProcessServer(create_worker_app(service), "127.0.0.1", port).listen()
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(server.run(install_signals=False)),
+                              daemon=True)
+    runner.start()
+    wait_for(lambda: "start" in service.events, 10)
+    yield server, service, f"http://127.0.0.1:{port}", runner, codes
+    server.request_stop()
+    runner.join(timeout=30)
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_health_is_open_and_everything_else_needs_the_token(served):
+    _, _, url, _, _ = served
+    r = requests.get(f"{url}/health", timeout=5)
+    assert r.status_code == 200 and r.json() == {"ok": True, "role": "collector"}
+    r = requests.get(f"{url}/status", timeout=5)
+    assert r.status_code == 401 and r.json()["field"] == "Authorization"
+    r = requests.get(f"{url}/status", headers=auth(), timeout=5)
+    assert r.status_code == 200 and r.json()["events"] == ["start"]
+
+
+def test_bodies_over_the_limit_get_a_json_413_also_when_chunked(served):
+    _, service, url, _, _ = served
+    body = b" " * (LIMIT + 1)
+    r = requests.post(f"{url}/task", data=body, timeout=5,
+                      headers={**auth(), "Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.json() == {"error": f"request body is {LIMIT + 1} bytes; the limit is {LIMIT}",
+                        "field": None}
+
+    def chunked():
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    r = requests.post(f"{url}/task", data=chunked(), timeout=5,
+                      headers={**auth(), "Content-Type": "application/json"})
+    assert r.request.headers.get("Transfer-Encoding") == "chunked"
+    assert r.status_code == 413
+    assert r.json()["error"] == f"request body is more than {LIMIT} bytes; the limit is {LIMIT}"
+    assert service.events == ["start"], "nothing was accepted"
+
+
+def test_a_stop_request_stops_serving_then_closes_the_service_and_exits_0(served):
+    server, service, url, runner, codes = served
+    server.request_stop()
+    runner.join(timeout=30)
+    assert codes == [0]
+    assert service.events == ["start", "close"]
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{url}/health", timeout=2)
+
+
+def test_a_fatal_error_in_the_roles_loop_ends_the_process_with_1(served):
+    _, service, _, runner, codes = served
+    service.die.set()
+    runner.join(timeout=30)
+    assert codes == [1]
+    assert service.events[-1] == "close"
+
+
+def test_a_port_in_use_is_a_config_error_naming_it():
+    port = free_port()
+    holder = InProcessServer(create_worker_app(Recorder("http://127.0.0.1:9", "x")),
+                             "127.0.0.1", port).listen()
+    try:
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            InProcessServer(create_worker_app(Recorder("http://127.0.0.1:9", "x")),
+                            "127.0.0.1", port).listen()
+    finally:
+        holder.server.stop()
+
+
+def test_rlfleet_collector_is_one_process_that_sigterm_ends_with_0(module_coordinator,
+                                                                   tmp_path: Path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RLFLEET_TOKEN", "RLFLEET_TOKEN_FILE", "RLFLEET_COORDINATOR")}
+    with open(tmp_path / "collector.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "collector", "--coordinator",
+             module_coordinator.url, "--port", str(port), "--worker-id", "one-process"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def registered() -> bool:
+            assert proc.poll() is None, (tmp_path / "collector.log").read_text()
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/status", timeout=2)
+            except requests.ConnectionError:  # not listening yet
+                return False
+            return r.ok and r.json()["registered"]
+
+        wait_for(registered, 60)
+        assert descendants(proc.pid) == [], "a worker role is served by one process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "collector.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    workers = requests.get(module_coordinator.api("/workers"), timeout=5).json()["workers"]
+    assert all(w["worker_id"] != "one-process" or w["state"] != "alive" for w in workers)
