@@ -5,18 +5,22 @@
     coordinator's counters over a fixed window. Ceiling: `collector.rollout.Rollout` over the
     same vector env and DQN policy (same num_envs, chunk_size, hidden sizes, epsilon) stepped
     here with `torch.set_num_threads(1)`, nothing else running.
-(b) Learner: with the buffer filled by (a)'s collector and the collector stopped, one learner
+(b) Learner: with the buffer filled by a collector and the collector stopped, one learner
     process trains freely on what the coordinator samples and reads chunks from storage; its
     train iterations/s come from the coordinator's counters. Ceiling: the single-process
     runner's update loop (`Replay.sample` -> `learner.batching.assemble` ->
-    `DQNLearner.update`, policy refreshed every `publish_every` iterations) fed from memory,
-    same batch size, network and buffer size.
+    `DQNLearner.update`, policy refreshed every `publish_every` iterations, new priorities
+    written back after every sample) fed from memory, same batch size, network and buffer.
+    Three learners, each on a coordinator of its own: batch 64 on the uniform buffer (on
+    (a)'s coordinator), batch 256, and batch 64 on the prioritized buffer
+    (`configs/cartpole-dqn-per.yaml`).
 
 Each ceiling is measured in two halves, one right before and one right after its cluster
 window, with the cluster idle, so drift from other load on the machine hits both alike. The
 CPU each process used during each window is shown, with what the rest of the machine used.
 
     python bench/throughput.py [--seconds 15] [--storage DIR_OR_REDIS_URL]
+                               [--learners 64 256 per]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from collector.rollout import Rollout  # noqa: E402
 from coordinator.replay import Replay  # noqa: E402
 from learner.arena import ChunkArena  # noqa: E402
 from learner.batching import assemble_from  # noqa: E402
+from learner.feedback import PriorityFeedback  # noqa: E402
 from services.launcher import Child, LocalCluster  # noqa: E402
 from shared.algos.base import make_policy  # noqa: E402
 from shared.config import DQNConfig, RunConfig, parse_config  # noqa: E402
@@ -168,11 +173,15 @@ def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed
         chunk_ids, parts, _ = memory.replay.sample(plan, n, learner.train_iterations, version)
         offsets = arena.offsets(chunk_ids)  # may (re)allocate arena.columns: call first
         batches = assemble_from(arena.columns, offsets, parts, n)
+        feedback = PriorityFeedback()
         for batch in batches:
-            learner.learn(batch.data, batch.weights)
+            out = learner.learn(batch.data, batch.weights)
+            if batch.item_refs and out.priorities is not None:
+                feedback.add(batch, out.priorities)
             if learner.train_iterations % cfg.learner.publish_every == 0:
                 version += 1
                 policy.load_policy(version, learner.policy_state())
+        memory.replay.update_priorities(feedback.take())
 
     one_request()  # warm-up
     start_iters = learner.train_iterations
@@ -254,8 +263,24 @@ def measure_counter(client: HttpClient, counter: str, seconds: float, cpu: CpuWi
 
 # -- output -------------------------------------------------------------------------------
 
-def report_table(seconds: float, collect: Window, learn: Window, ceil_a: list[Rate],
-                 ceil_b: list[Rate]) -> Table:
+LEARNERS = {  # variant: (label, config, batch size)
+    "64": ("batch 64, uniform", REPO_ROOT / "configs" / "cartpole-dqn.yaml", 64),
+    "256": ("batch 256, uniform", REPO_ROOT / "configs" / "cartpole-dqn.yaml", 256),
+    "per": ("batch 64, prioritized", REPO_ROOT / "configs" / "cartpole-dqn-per.yaml", 64),
+}
+UTILISATION_KEYS = {"64": "learner_utilisation", "256": "learner_utilisation_256",
+                    "per": "learner_utilisation_per"}
+
+
+@dataclass
+class Measured:
+    window: Window
+    halves: list[Rate]
+    cfg: RunConfig
+
+
+def report_table(seconds: float, collect: Window, ceil_a: list[Rate],
+                 learns: dict[str, Measured]) -> Table:
     t = Table(title=f"throughput over {seconds:g} s windows: cluster vs the same loop in one "
                     "process",
               caption="ceiling: two half-windows, right before and right after the cluster's "
@@ -280,27 +305,58 @@ def report_table(seconds: float, collect: Window, learn: Window, ceil_a: list[Ra
                   fmt(ratio(cluster.rate.per_cpu_s, ceiling.per_cpu_s), ".2f"), "", "")
 
     rows("collector env steps", collect, ceil_a, COLLECTOR_GOAL)
-    t.add_section()
-    rows("learner train iterations", learn, ceil_b, LEARNER_GOAL)
+    for variant, m in learns.items():
+        t.add_section()
+        rows(f"learner train iterations ({LEARNERS[variant][0]})", m.window, m.halves,
+             LEARNER_GOAL)
     return t
 
 
-def worker_table(collect: Window, learn: Window) -> Table:
+def worker_table(collect: Window, learns: dict[str, Measured]) -> Table:
     t = Table(title="what the workers say about themselves (their /status at window end)")
     t.add_column("worker")
     t.add_column("figures")
     c = collect.worker_status
     t.add_row("collector", f"chunks written {c.get('chunks_written')}, reported "
                            f"{c.get('chunks_reported')}, policy version {c.get('policy_version')}")
-    s = learn.worker_status
-    timers = s.get("timers", {})
-    t.add_row("learner", f"utilisation (update / (update + wait)) {s.get('utilisation')}, "
-                         f"timers {timers}, dropped sample responses "
-                         f"{s.get('dropped_sample_responses')}")
+    for variant, m in learns.items():
+        s = m.window.worker_status
+        t.add_row(f"learner ({LEARNERS[variant][0]})",
+                  f"utilisation (update / (update + wait)) {s.get('utilisation')}, timers "
+                  f"{s.get('timers', {})}, versions superseded {s.get('versions_superseded')}"
+                  f", dropped sample responses {s.get('dropped_sample_responses')}")
     return t
 
 
 # -- main ---------------------------------------------------------------------------------
+
+def write_config(cfg: RunConfig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def variant_config(variant: str, name: str, storage: str, epsilon: float) -> RunConfig:
+    _, base, batch = LEARNERS[variant]
+    data = free_running_data(base, name, storage, epsilon)
+    data["algo"]["batch_size"] = batch
+    return parse_config(data, f"bench config ({variant})")
+
+
+def fill(cluster: LocalCluster, client: HttpClient, target: int, timeout_s: float) -> int:
+    """Run one collector until the coordinator's buffer holds `target` transitions."""
+    collector = start_worker(cluster, client, "collector", "env_steps")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            size = client.get(f"{API}/status")["buffer"]["size"]
+            if size >= target:
+                return size
+            time.sleep(0.5)
+        return client.get(f"{API}/status")["buffer"]["size"]
+    finally:
+        cluster.stop([collector])
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -310,63 +366,86 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=5.0,
                    help="seconds a worker runs before its window starts")
     p.add_argument("--epsilon", type=float, default=0.1)
-    p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "cartpole-dqn.yaml")
+    p.add_argument("--learners", nargs="+", choices=sorted(LEARNERS), default=list(LEARNERS),
+                   help="which learners to measure (default: all three)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="rlfleet-throughput-"))
-    name = f"bench-throughput-{os.getpid()}"
-    storage = args.storage or str(work / "storage")
-    if not is_redis(storage):
-        storage = str(Path(storage).resolve() / name) if args.storage else storage
-    cfg = bench_config(args.config, name, storage, args.epsilon)
-    config_path = work / "config.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     half = args.seconds / 2
-    log(f"storage {storage}, work dir {work}, {args.seconds:g} s windows, "
-        f"{args.warmup:g} s warm-up")
+    log(f"work dir {work}, {args.seconds:g} s windows, {args.warmup:g} s warm-up")
 
-    cluster = LocalCluster(config_path, work, storage)
-    client: HttpClient | None = None
-    try:
-        coordinator = cluster.start_coordinator()
-        client = HttpClient(coordinator.url, timeout_s=10, retries=2)
+    def storage_for(name: str) -> str:
+        storage = args.storage or str(work / "storage" / name)
+        if not is_redis(storage) and args.storage:
+            storage = str(Path(storage).resolve() / name)
+        return storage
 
-        def phase(tag: str, what: str, ceiling, role: str, counter: str
-                  ) -> tuple[Window, list[Rate]]:
-            """The in-process ceiling's first half, the worker's window, the second half."""
-            log(f"({tag}) in-process {what}, first half...")
-            halves = [ceiling()]
-            log(f"({tag}) {role}: starting...")
-            worker = start_worker(cluster, client, role, counter)
-            time.sleep(args.warmup)
-            log(f"({tag}) {role}: measuring for {args.seconds:g} s...")
-            window = measure_counter(client, counter, args.seconds, CpuWindow(
-                {role: worker.proc.pid, "coordinator": coordinator.proc.pid}), worker)
-            cluster.stop([worker])
-            log(f"({tag}) in-process {what}, second half...")
-            halves.append(ceiling())
-            return window, halves
+    def phase(cluster: LocalCluster, client: HttpClient, coordinator: Child, tag: str,
+              what: str, ceiling, role: str, counter: str) -> tuple[Window, list[Rate]]:
+        """The in-process ceiling's first half, the worker's window, the second half."""
+        log(f"({tag}) in-process {what}, first half...")
+        halves = [ceiling()]
+        log(f"({tag}) {role}: starting...")
+        worker = start_worker(cluster, client, role, counter)
+        time.sleep(args.warmup)
+        log(f"({tag}) {role}: measuring for {args.seconds:g} s...")
+        window = measure_counter(client, counter, args.seconds, CpuWindow(
+            {role: worker.proc.pid, "coordinator": coordinator.proc.pid}), worker)
+        cluster.stop([worker])
+        log(f"({tag}) in-process {what}, second half...")
+        halves.append(ceiling())
+        return window, halves
 
-        # (a) one collector beside Rollout in this process
-        collect, ceil_a = phase(
-            "a", "rollout", lambda: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
-            "collector", "env_steps")
-        # (b) one learner beside the update loop in this process, on a buffer of equal size
-        buffered = client.get(f"{API}/status")["buffer"]["size"]
-        log(f"(b) filling an in-memory buffer to the coordinator's {buffered:,} transitions...")
-        replay = fill_memory_replay(cfg, buffered, args.seed)
-        learn, ceil_b = phase(
-            "b", "update loop", lambda: update_loop_per_s(cfg, replay, half, args.seed),
-            "learner", "train_iterations")
-    finally:
-        if client is not None:
-            client.close()
-        cluster.shutdown()
-        clear_storage(storage, name)
+    learns: dict[str, Measured] = {}
+    collect: Window | None = None
+    base_cfg: RunConfig | None = None
+    ceil_a: list[Rate] = []
+    buffered = 0
+    order = ["64"] + [v for v in LEARNERS if v != "64"]  # (a) fills the batch-64 buffer
+    for variant in order:
+        if variant not in args.learners and (variant != "64" or collect is not None):
+            continue
+        name = f"bench-throughput-{os.getpid()}-{variant}"
+        storage = storage_for(name)
+        cfg = variant_config(variant, name, storage, args.epsilon)
+        run_dir = work / variant
+        cluster = LocalCluster(write_config(cfg, run_dir / "config.yaml"), run_dir, storage)
+        client: HttpClient | None = None
+        try:
+            coordinator = cluster.start_coordinator()
+            client = HttpClient(coordinator.url, timeout_s=10, retries=2)
+            if collect is None:
+                # (a) one collector beside Rollout in this process
+                collect, ceil_a = phase(
+                    cluster, client, coordinator, "a", "rollout",
+                    lambda cfg=cfg: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
+                    "collector", "env_steps")
+                buffered = client.get(f"{API}/status")["buffer"]["size"]
+                base_cfg = cfg
+            else:
+                log(f"(b {variant}) filling the coordinator's buffer to {buffered:,}...")
+                fill(cluster, client, buffered, timeout_s=120)
+            if variant in args.learners:
+                size = client.get(f"{API}/status")["buffer"]["size"]
+                log(f"(b {variant}) filling an in-memory buffer to the coordinator's "
+                    f"{size:,} transitions...")
+                replay = fill_memory_replay(cfg, size, args.seed)
+                window, halves = phase(
+                    cluster, client, coordinator, f"b {variant}", "update loop",
+                    lambda cfg=cfg, replay=replay: update_loop_per_s(cfg, replay, half,
+                                                                     args.seed),
+                    "learner", "train_iterations")
+                learns[variant] = Measured(window, halves, cfg)
+        finally:
+            if client is not None:
+                client.close()
+            cluster.shutdown()
+            clear_storage(storage, name)
     shutil.rmtree(work, ignore_errors=True)  # kept, with the workers' logs, when a run fails
+    assert collect is not None and base_cfg is not None
 
-    in_a, in_b = mean_rate(ceil_a), mean_rate(ceil_b)
+    in_a = mean_rate(ceil_a)
 
     def cores(w: Window) -> dict[str, float]:
         return {k: round(w.cpu.cores(k), 3) for k in w.cpu.used} | {
@@ -376,30 +455,38 @@ def main(argv: list[str] | None = None) -> int:
         "collector_steps_per_s": rounded(collect.rate.per_s, 1),
         "in_process_steps_per_s": rounded(in_a.per_s, 1),
         "collector_ratio": rounded(ratio(collect.rate.per_s, in_a.per_s)),
-        "learner_updates_per_s": rounded(learn.rate.per_s, 1),
-        "in_process_updates_per_s": rounded(in_b.per_s, 1),
-        "learner_utilisation": rounded(ratio(learn.rate.per_s, in_b.per_s)),
         "collector_ratio_per_cpu": rounded(ratio(collect.rate.per_cpu_s, in_a.per_cpu_s)),
-        "learner_utilisation_per_cpu": rounded(ratio(learn.rate.per_cpu_s, in_b.per_cpu_s)),
         "collector_steps_per_cpu_s": rounded(collect.rate.per_cpu_s, 1),
         "in_process_steps_per_cpu_s": rounded(in_a.per_cpu_s, 1),
-        "learner_updates_per_cpu_s": rounded(learn.rate.per_cpu_s, 1),
-        "in_process_updates_per_cpu_s": rounded(in_b.per_cpu_s, 1),
         "in_process_steps_per_s_halves": [round(h.per_s, 1) for h in ceil_a],
-        "in_process_updates_per_s_halves": [round(h.per_s, 1) for h in ceil_b],
         "cpu_cores_collect_window": cores(collect),
-        "cpu_cores_learn_window": cores(learn),
+    }
+    for variant, m in learns.items():
+        key = UTILISATION_KEYS[variant]
+        suffix = key.removeprefix("learner_utilisation")
+        ceiling = mean_rate(m.halves)
+        result |= {
+            key: rounded(ratio(m.window.rate.per_s, ceiling.per_s)),
+            f"learner_utilisation_per_cpu{suffix}": rounded(ratio(m.window.rate.per_cpu_s,
+                                                                  ceiling.per_cpu_s)),
+            f"learner_updates_per_s{suffix}": rounded(m.window.rate.per_s, 1),
+            f"in_process_updates_per_s{suffix}": rounded(ceiling.per_s, 1),
+            f"learner_updates_per_cpu_s{suffix}": rounded(m.window.rate.per_cpu_s, 1),
+            f"in_process_updates_per_cpu_s{suffix}": rounded(ceiling.per_cpu_s, 1),
+            f"in_process_updates_per_s_halves{suffix}": [round(h.per_s, 1) for h in m.halves],
+            f"cpu_cores_learn_window{suffix}": cores(m.window),
+        }
+    result |= {
         "seconds": args.seconds,
-        "storage": "redis" if is_redis(storage) else "directory",
-        "num_envs": cfg.env.num_envs,
-        "chunk_size": cfg.collector.chunk_size,
+        "storage": "redis" if args.storage and is_redis(args.storage) else "directory",
+        "num_envs": base_cfg.env.num_envs,
+        "chunk_size": base_cfg.collector.chunk_size,
         "epsilon": args.epsilon,
-        "batch_size": cfg.algo.batch_size,
-        "batches_per_request": cfg.learner.batches_per_request,
+        "batches_per_request": base_cfg.learner.batches_per_request,
         "buffer_transitions": buffered,
     }
-    print_tables(report_table(args.seconds, collect, learn, ceil_a, ceil_b),
-                 worker_table(collect, learn))
+    print_tables(report_table(args.seconds, collect, ceil_a, learns),
+                 worker_table(collect, learns))
     emit(result)
     return 0
 

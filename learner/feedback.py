@@ -30,10 +30,19 @@ class PriorityFeedback:
             self._n += len(ids)
 
     def take(self) -> list[PriorityUpdate]:
-        updates = [PriorityUpdate(buffer=b, item_ids=np.concatenate(ids).tolist(),
-                                  priorities=np.concatenate(self._values[b]).tolist())
-                   for b, ids in self._ids.items()]
+        return updates_from(self.take_arrays())
+
+    def take_arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """What was gathered, as arrays per buffer (cheap: the training thread calls this;
+        `updates_from` turns it into the request body on the reporting thread)."""
+        out = {b: (np.concatenate(ids), np.concatenate(self._values[b]))
+               for b, ids in self._ids.items()}
         self._ids.clear()
         self._values.clear()
         self._n = 0
-        return updates
+        return out
+
+
+def updates_from(arrays: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[PriorityUpdate]:
+    return [PriorityUpdate(buffer=b, item_ids=ids.tolist(), priorities=values.tolist())
+            for b, (ids, values) in arrays.items()]

@@ -1,63 +1,31 @@
-"""Keeping the learner fed: sample references from the coordinator, chunks from storage.
+"""Keeping the learner fed from a thread of its own process (`learner.data_process: false`).
 
-A background thread asks for many batches per request, reads the chunks it does not have
-cached (chunks never change, so the cache needs no invalidation, only an LRU bound), builds
-the batches and parks them in a bounded queue. The training loop only ever takes ready
-batches; if the queue is never empty, the learner never waits on the network.
-
-In a learner group (`group`: generation and world size) each request names the next group
-batch wanted (a cursor) and the answer is this rank's shard of the group's batches, so the
-k-th batch taken here is shard `rank` of group batch k on every rank. An answer that does not
-start where the cursor is (a lost one was answered again) is dropped; a 409 means the group
-has moved on to another generation, and the prefetcher stops (`group_ended`).
+The sample loop (`learner/sampling.py`) runs on a background thread, builds torch batches
+and parks them in a bounded queue; the training loop only ever takes ready batches. Simple,
+and enough for large networks; with small ones the thread's JSON and numpy work competes with
+the training thread for the GIL, which is why a data process (`learner/dataproc.py`) is the
+default.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
-import time
+from collections.abc import Mapping
+from typing import Any
 
+import numpy as np
 import torch
 
-from learner.arena import ChunkArena
 from learner.batching import Batch, assemble_from
-from shared.codec import decode_arrays
-from shared.http import HttpClient, HttpError
-from shared.schemas import API, MixShare, SampleRequest, SampleResponse
-from shared.storage import ChunkNotFound, Storage, StorageError
-
-log = logging.getLogger("rlfleet.learner")
+from learner.sampling import SampleLoop
+from shared.schemas import SampleResponse
 
 
-class Prefetcher:
-    def __init__(self, client: HttpClient, storage: Storage, worker_id: str, batch_size: int,
-                 batches_per_request: int, depth: int, cache_size: int,
-                 mix: list[MixShare] | None = None,
-                 by_buffer: dict[str, int] | None = None,
-                 group_generation: int | None = None) -> None:
-        self.client = client
-        self.worker_id = worker_id
-        self.batch_size = batch_size
-        self.batches_per_request = batches_per_request
-        self.arena = ChunkArena(
-            lambda ids: [decode_arrays(blob)[0] for blob in storage.get_chunks(ids)],
-            cache_size)
-        self.mix = mix
-        self.by_buffer = by_buffer
+class Prefetcher(SampleLoop):
+    def __init__(self, *args: Any, depth: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.ready: queue.Queue[list] = queue.Queue(maxsize=depth)
-        self.rate_limited = 0
-        self.stop_run = threading.Event()
-        self._closing = threading.Event()
-        self.dropped_responses = 0
-        self.sample_wait_s = 0.0
-        self.fetch_s = 0.0
-        self.group_generation = group_generation
-        self.cursor = 0  # group mode: the next group batch wanted
-        self.group_ended = threading.Event()
-        self.broken: str | None = None  # why this rank must leave its generation itself
-        self.seen_generation: int | None = None  # what the last answer said the group is at
         self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
 
     def start(self) -> Prefetcher:
@@ -72,73 +40,20 @@ class Prefetcher:
 
     def _run(self) -> None:
         torch.set_num_threads(1)
-        req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
-                            num_batches=self.batches_per_request, wait_s=1.0, mix=self.mix,
-                            by_buffer=self.by_buffer)
-        grouped = self.group_generation is not None
-        while not self._closing.is_set() and not self.group_ended.is_set():
-            if grouped:
-                req = req.model_copy(update={"group_generation": self.group_generation,
-                                             "group_cursor": self.cursor})
-            t0 = time.perf_counter()
+        self.run()
+
+    def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
+                 offsets: np.ndarray) -> list:
+        return assemble_from(columns, offsets, resp.parts, resp.num_batches,
+                             by_key=self.by_buffer is not None)
+
+    def hand(self, batches: list) -> None:
+        while not self._closing.is_set():
             try:
-                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
-                                        retries=0)
-            except HttpError as err:
-                if err.status == 429:  # the rate limiter says wait: the buffer is not ready
-                    self.rate_limited += 1
-                    self.sample_wait_s += time.perf_counter() - t0
-                    continue
-                if err.status == 409 and grouped:  # the group re-formed, or this rank
-                    log.info("sample: %s", err)  # is out of step with it: re-form
-                    if err.body.get("field") == "group_cursor":
-                        self.broken = f"out of step with the group: {err}"
-                    self.group_ended.set()
-                    return
-                log.warning("sample request failed: %s", err)
-                self._closing.wait(0.5)
+                self.ready.put(batches, timeout=0.5)
+                return
+            except queue.Full:
                 continue
-            self.sample_wait_s += time.perf_counter() - t0
-            self.seen_generation = resp.group_generation
-            if resp.stop:
-                self.stop_run.set()
-            if not resp.chunk_ids or resp.num_batches == 0:
-                continue
-            if grouped:
-                if resp.first_seq != self.cursor:
-                    log.warning("group batch %s answered for cursor %d: dropped",
-                                resp.first_seq, self.cursor)
-                    continue
-                self.cursor += resp.num_batches
-            t1 = time.perf_counter()
-            try:
-                offsets = self.arena.offsets(resp.chunk_ids)
-            except ChunkNotFound as err:
-                # Evicted and deleted between sampling and reading: skip these batches (in a
-                # group every rank must learn from group batch k together: re-form instead).
-                self.dropped_responses += 1
-                log.info("dropping a sample response: %s", err)
-                if grouped:
-                    self.broken = f"a chunk of group batch {resp.first_seq} is gone: {err}"
-                    self.group_ended.set()
-                    return
-                continue
-            except StorageError as err:  # an outage: sample afresh once it is over
-                self.dropped_responses += 1
-                log.warning("dropping a sample response, storage unavailable: %s", err)
-                if grouped:
-                    self.cursor -= resp.num_batches  # ask for the same shard again
-                self._closing.wait(0.5)
-                continue
-            batches = assemble_from(self.arena.columns, offsets, resp.parts, resp.num_batches,
-                                    by_key=self.by_buffer is not None)
-            self.fetch_s += time.perf_counter() - t1
-            while not self._closing.is_set():
-                try:
-                    self.ready.put(batches, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
 
     def close(self) -> None:
         self._closing.set()

@@ -16,18 +16,21 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
 import torch
 
 from learner.checkpoints import CheckpointStore
-from learner.feedback import PriorityFeedback
+from learner.dataproc import DataProcess
+from learner.feedback import PriorityFeedback, updates_from
 from learner.group import GroupError, GroupMember
 from learner.prefetch import Prefetcher
+from learner.publisher import PublishConflict, Publisher
+from learner.reporter import Reporter
 from learner.rollouts import RolloutFeeder
 from shared.algos.base import Policy, make_policy
-from shared.codec import encode_weights
 from shared.config import ConfigError, RunConfig
 from shared.envs import env_spec
 from shared.http import HttpError
@@ -45,7 +48,7 @@ from shared.schemas import (
     TaskAccepted,
     TaskEnvelope,
 )
-from shared.storage import Storage, StorageError, VersionConflict, open_storage
+from shared.storage import Storage, StorageError, open_storage
 from shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
@@ -61,13 +64,13 @@ class LearnerService(WorkerService):
         self._loop: threading.Thread | None = None
         self._lock = threading.Lock()
         self.train_iterations = 0
-        self.policy_version = -1
+        self.publisher = Publisher(self._closing)
         self.metrics: dict[str, float] = {}
         self.error: str | None = None
         self.update_s = 0.0
         self.wait_s = 0.0
         self.publish_s = 0.0
-        self.prefetcher: Prefetcher | None = None
+        self.prefetcher: Prefetcher | DataProcess | None = None
         self.feedback = PriorityFeedback()
         self.feeder: RolloutFeeder | None = None
         self.learn_rounds = 0
@@ -110,33 +113,26 @@ class LearnerService(WorkerService):
                 self.agent.end_task(self.task.task_id, self.error)
             self.fail()
 
-    def _publish(self, storage: Storage, policy: Policy) -> None:
-        """Publish the next version; while storage is out (a Redis restart) training waits
-        here, retrying with backoff, because versions must reach collectors in order."""
+    @property
+    def policy_version(self) -> int:
+        """The newest version this learner knows to be in storage."""
+        return self.publisher.version
+
+    def _publish(self, policy: Policy, wait: bool = True) -> None:
+        """Publish the next version. The publish thread writes it (`learner/publisher.py`);
+        `wait` (forming a group, ending) waits until it is in storage, retrying through an
+        outage, because versions must reach collectors in order."""
         t0 = time.perf_counter()
-        version = self.policy_version + 1
-        blob = encode_weights(policy.policy_state(),
-                              {"policy_version": str(version),
-                               "train_iterations": str(policy.train_iterations)})
-        delay = 0.1
-        while True:
-            try:
-                storage.put_weights(version, blob)
-                break
-            except VersionConflict as err:  # another learner publishes: this one must not
-                raise GroupError(f"not the publisher any more: {err}") from err
-            except StorageError as err:
-                if self._closing.is_set():
-                    raise
-                log.warning("could not publish policy version %d (retrying in %.1fs): %s",
-                            version, delay, err)
-                self._closing.wait(delay)
-                delay = min(2 * delay, 5.0)
-        self.policy_version = version  # only once it is in storage
+        try:
+            self.publisher.submit(policy.policy_state(), policy.train_iterations)
+            if wait:
+                self.publisher.flush()
+        except PublishConflict as err:  # another learner publishes: this one must not
+            raise GroupError(str(err)) from err
         self.publish_s += time.perf_counter() - t0
 
     @property
-    def publisher(self) -> bool:
+    def is_publisher(self) -> bool:
         """Publishes policy versions and writes checkpoints: rank 0 of the group."""
         return self.assignment is None or self.assignment.publisher
 
@@ -184,8 +180,8 @@ class LearnerService(WorkerService):
 
     def _maybe_checkpoint(self, policy: Policy, force: bool = False) -> None:
         every = self.cfg_checkpoint_every
-        if self.checkpoints is None or not self.publisher or (not force and policy.train_iterations
-                                        - self.last_checkpoint < every):
+        if self.checkpoints is None or not self.is_publisher or (
+                not force and policy.train_iterations - self.last_checkpoint < every):
             return
         if policy.train_iterations == self.last_checkpoint and self.last_checkpoint > 0:
             return  # nothing new since the last one
@@ -234,13 +230,13 @@ class LearnerService(WorkerService):
             self._timer_mark = (policy.train_iterations, {})
             # Versions only ever increase, also across learner restarts.
             latest = storage.latest_version()
-            self.policy_version = -1 if latest is None else latest
+            self.publisher.attach(storage, -1 if latest is None else latest)
             host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
             self.member = GroupMember(host, cfg.learner.group_port,
                                       cfg.learner.collective_timeout_s)
             self._train_in_group(cfg, storage, policy, queues)
-            if self.publisher and self.assignment is not None:
-                self._publish(storage, policy)
+            if self.is_publisher and self.assignment is not None:
+                self._publish(policy)
                 self._maybe_checkpoint(policy, force=True)
             self._report(policy, self.feeder.take_consumed() if self.feeder else None)
         finally:
@@ -316,6 +312,10 @@ class LearnerService(WorkerService):
                               "cannot learn in a group; use learner.count: 1")
         self._leave_generation()
         self.assignment = assignment
+        try:  # versions handed over in the last generation go out before this one's
+            self.publisher.flush()
+        except PublishConflict as err:
+            log.info("the last generation's pending version was not published: %s", err)
         reducer = self.member.form(assignment)
         if hasattr(policy, "set_reducer"):
             policy.set_reducer(reducer)
@@ -330,7 +330,7 @@ class LearnerService(WorkerService):
                 policy.state_dict() if assignment.rank == 0 else None, latest)
             if assignment.rank != 0:
                 policy.load_state_dict(state)
-        self.policy_version = latest
+        self.publisher.attach(storage, latest)
         self.train_iterations = policy.train_iterations
         self._formed_ok = True
         self.formations += 1
@@ -338,7 +338,7 @@ class LearnerService(WorkerService):
                  "policy version %d", assignment.generation, assignment.rank,
                  assignment.world_size, policy.train_iterations, self.policy_version)
         if assignment.publisher:
-            self._publish(storage, policy)
+            self._publish(policy)
 
     def _generation_moved(self) -> bool:
         """A heartbeat told of a newer generation. Only newer: an answer sent before this
@@ -354,18 +354,16 @@ class LearnerService(WorkerService):
 
     def _run_off_policy(self, cfg: RunConfig, storage: Storage, policy: Policy) -> bool:
         """Train until the run ends (True) or the generation does (False)."""
-        grouped = self.world_size > 1
         assert self.assignment is not None
-        self.prefetcher = prefetcher = Prefetcher(
-            self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
-            cfg.learner.batches_per_request, cfg.learner.prefetch_requests,
-            cfg.learner.chunk_cache,
-            mix=[MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix],
-            group_generation=self.assignment.generation if grouped else None).start()
-        last_report = 0.0
+        self.prefetcher = prefetcher = self._feed(cfg, storage)
+        reporter = Reporter(self.agent.client)
+        interval = cfg.learner.learn_info_interval_s
         step_metrics: dict[str, Any] = {}
         try:
             while not self._closing.is_set() and not prefetcher.stop_run.is_set():
+                if reporter.stop_run.is_set():
+                    return True
+                self._mark_best(reporter)
                 if prefetcher.group_ended.is_set():  # what it still holds is not learned
                     if prefetcher.broken:   # from: the other ranks may have moved on
                         raise GroupError(prefetcher.broken)
@@ -383,26 +381,57 @@ class LearnerService(WorkerService):
                     step_metrics = out.metrics
                     if batch.item_refs and out.priorities is not None:
                         self.feedback.add(batch, out.priorities)
-                    if self.publisher and \
+                    if self.is_publisher and \
                             policy.train_iterations % cfg.learner.publish_every == 0:
-                        self._publish(storage, policy)
+                        self._publish(policy, wait=False)
                     self.train_iterations = policy.train_iterations
                     # Within a response too: with a large network one response is seconds
                     # of updates, and progress (and priorities) should not wait for its end.
-                    if time.monotonic() - last_report >= cfg.learner.learn_info_interval_s:
+                    if reporter.due(interval):
                         self.metrics = {k: float(v) for k, v in step_metrics.items()}
                         self.metrics.update(self._optimizer_metrics(policy))
-                        stop = self._report(policy)
-                        # From the report's end: a report slower than the interval (a
-                        # distant coordinator) must not turn every update into a report.
-                        last_report = time.monotonic()
-                        if stop:
-                            return True
+                        reporter.send(self._learn_info(policy))
                 self.update_s += time.perf_counter() - t1
                 self._maybe_checkpoint(policy)
             return True
         finally:
             prefetcher.close()
+            reporter.close()  # what it still holds goes out before the final report
+            self._mark_best(reporter)
+
+    def _feed(self, cfg: RunConfig, storage: Storage) -> Prefetcher | DataProcess:
+        """The source of ready batches: a data process of this learner's own, or a thread."""
+        assert self.assignment is not None
+        mix = [MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
+        generation = self.assignment.generation if self.world_size > 1 else None
+        if cfg.learner.data_process:
+            return DataProcess(
+                self.agent.client.base_url, self.storage_url, cfg.name, self.agent.worker_id,
+                cfg.algo.batch_size, cfg.learner.batches_per_request,
+                cfg.learner.prefetch_requests, cfg.learner.chunk_cache, mix=mix,
+                group_generation=generation).start()
+        return Prefetcher(
+            self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
+            cfg.learner.batches_per_request, cfg.learner.chunk_cache, mix=mix,
+            group_generation=generation, depth=cfg.learner.prefetch_requests).start()
+
+    def _learn_info(self, policy: Policy) -> Callable[[], LearnInfo]:
+        """A report's snapshot, taken on the training thread; the body is built on the
+        reporting thread."""
+        worker_id, iterations, version = (self.agent.worker_id, policy.train_iterations,
+                                          self.policy_version)
+        metrics, priorities, timers = dict(self.metrics), self.feedback.take_arrays(), \
+            self._timers(policy)
+        return lambda: LearnInfo(worker_id=worker_id, train_iterations=iterations,
+                                 policy_version=version, metrics=metrics,
+                                 priorities=updates_from(priorities), consumed=[],
+                                 timers=timers)
+
+    def _mark_best(self, reporter: Reporter) -> None:
+        best = reporter.best_policy_version
+        if best is not None and self.checkpoints is not None:
+            reporter.best_policy_version = None
+            self.checkpoints.mark_best(best)
 
     def _run_on_policy(self, cfg: RunConfig, storage: Storage, policy: Policy,
                        buffer: str) -> bool:
@@ -435,8 +464,8 @@ class LearnerService(WorkerService):
                     return True  # dropped chunks are reported even when no rollout filled
                 continue
             out = policy.learn(rollout.data)
-            if self.publisher:
-                self._publish(storage, policy)
+            if self.is_publisher:
+                self._publish(policy)
             self.train_iterations = policy.train_iterations
             self.update_s += time.perf_counter() - t1
             self.learn_rounds += 1
@@ -491,7 +520,9 @@ class LearnerService(WorkerService):
                 "policy_version": self.policy_version, "metrics": self.metrics,
                 "utilisation": round(self.update_s / busy, 4) if busy else None,
                 "timers": {"update_s": round(self.update_s, 3), "wait_s": round(self.wait_s, 3),
-                           "publish_s": round(self.publish_s, 3)},
+                           "publish_s": round(self.publish_s, 3),
+                           "publish_thread_s": round(self.publisher.seconds, 3)},
+                "versions_superseded": self.publisher.superseded,
                 "dropped_sample_responses": (self.prefetcher.dropped_responses
                                              if self.prefetcher else 0),
                 "learn_rounds": self.learn_rounds,
@@ -508,4 +539,5 @@ class LearnerService(WorkerService):
         self._closing.set()
         if self._loop is not None:
             self._loop.join(timeout=15)
+        self.publisher.close()
         super().close()

@@ -175,6 +175,9 @@ class LearnerConfig(_Frozen):
     batches_per_request: int = Field(32, ge=1, le=1024, description="batches one sample "
                                      "request carries")
     prefetch_requests: int = Field(2, ge=1, le=64, description="sample responses held ready")
+    data_process: bool = Field(True, description="sample, read and assemble batches in a "
+                               "process of the learner's own, handing them over in shared "
+                               "memory (false: on a thread of the learner's process)")
     chunk_cache: int = Field(4096, ge=1, description="chunks the learner keeps decoded")
     learn_info_interval_s: float = Field(0.1, gt=0)
 

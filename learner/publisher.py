@@ -1,0 +1,153 @@
+"""Publishing policy versions from a thread of its own, so the update loop never waits on
+storage.
+
+At tens of versions a second, encoding and writing each one on the training thread cost the
+learner a few percent of its updates (and a storage outage stopped training outright). The
+training thread only hands over a copy of the policy's tensors; this thread encodes and
+writes it. When versions come faster than storage takes them, the newest pending state wins:
+collectors only ever want the latest policy, and version numbers stay consecutive because a
+number is given when a state is written, not when it is handed over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+import torch
+
+from shared.codec import encode_weights
+from shared.storage import Storage, StorageError, VersionConflict
+
+log = logging.getLogger("rlfleet.learner")
+
+
+class PublishConflict(RuntimeError):
+    """Another learner published the version this one was about to: it is not the
+    publisher any more."""
+
+
+class Publisher:
+    def __init__(self, closing: threading.Event) -> None:
+        self._closing = closing
+        self._cond = threading.Condition()
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._writing = False
+        self._storage: Storage | None = None
+        self._thread: threading.Thread | None = None
+        self.version = -1          # the newest version in storage
+        self.written = 0           # versions written
+        self.superseded = 0        # states replaced by a newer one before they were written
+        self.seconds = 0.0         # this thread's time encoding and writing
+        self.failure: PublishConflict | None = None
+        self._stopped = False
+
+    def attach(self, storage: Storage, version: int) -> None:
+        """Write to `storage` from now on, the next version being `version + 1`."""
+        with self._cond:
+            self._storage = storage
+            self.version = version
+            self.failure = None
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
+                self._thread.start()
+
+    def submit(self, state: Mapping[str, torch.Tensor], train_iterations: int) -> None:
+        """Hand over a state to publish (the caller must not change its tensors: pass a copy,
+        as `Policy.policy_state()` makes). Raises `PublishConflict` if an earlier write found
+        another publisher."""
+        with self._cond:
+            self._raise_failure()
+            if self._pending is not None:
+                self.superseded += 1
+            self._pending = (dict(state), train_iterations)
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything handed over is in storage (or failed); False on timeout or
+        when closing with a write still pending."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending is not None or self._writing:
+                if self.failure is not None:
+                    break
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0 or (self._closing.is_set() and self._pending is not None
+                                 and not self._writing):
+                    return False
+                self._cond.wait(left)
+            self._raise_failure()
+            return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is pending (unless storage is out and the service is closing), then
+        end the thread."""
+        with contextlib.suppress(PublishConflict):  # the other publisher's versions stand
+            self.flush(timeout_s)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            self._pending = None
+            raise failure
+
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        while True:
+            with self._cond:
+                while self._pending is None:
+                    if self._stopped:
+                        return
+                    self._cond.wait(0.5)
+                state, iterations = self._pending
+                self._pending = None
+                self._writing = True
+                storage, version = self._storage, self.version + 1
+            try:
+                self._write(storage, state, iterations, version)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def _write(self, storage: Storage | None, state: dict[str, torch.Tensor], iterations: int,
+               version: int) -> None:
+        """Write one version; while storage is out (a Redis restart) retry with backoff, a
+        newer state replacing this one meanwhile, because versions must reach collectors in
+        order and without gaps."""
+        assert storage is not None
+        t0 = time.perf_counter()
+        delay = 0.1
+        while True:
+            blob = encode_weights(state, {"policy_version": str(version),
+                                          "train_iterations": str(iterations)})
+            try:
+                storage.put_weights(version, blob)
+                break
+            except VersionConflict as err:
+                with self._cond:
+                    self.failure = PublishConflict(f"not the publisher any more: {err}")
+                    self._pending = None
+                return
+            except StorageError as err:
+                log.warning("could not publish policy version %d (retrying in %.1fs): %s",
+                            version, delay, err)
+                if self._closing.wait(delay):
+                    return
+                delay = min(2 * delay, 5.0)
+                with self._cond:  # a newer state is a better use of this version number
+                    if self._pending is not None:
+                        (state, iterations), self._pending = self._pending, None
+                        self.superseded += 1
+        with self._cond:
+            self.version = version  # only once it is in storage
+            self.written += 1
+        self.seconds += time.perf_counter() - t0
