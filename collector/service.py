@@ -277,8 +277,11 @@ class CollectorService(WorkerService):
     def _real_policy(self, cfg: RunConfig, spec: EnvSpec, seed: int, storage: Storage
                      ) -> tuple[Policy, StorageWeightSource]:
         """The config's policy and the source of its published weights (torch is loaded)."""
+        import torch
+
         from collector.weights import StorageWeightSource
 
+        torch.set_num_threads(1)  # this thread acts: say it here too, not only on the loader's
         weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
         return make_policy(cfg.algo, spec, seed), weights
 

@@ -133,15 +133,28 @@ class PPO:
         self.spec = spec
         self.net = ActorCritic(spec, cfg.hidden_sizes, cfg.init_log_std)
         self._params = list(self.net.parameters())
-        # eps 1e-5 as in CleanRL; fused: one kernel over all parameters, about a quarter off
-        # each learn round's time on CPU.
-        self.optimizer = torch.optim.Adam(self._params, lr=cfg.lr, eps=1e-5, fused=True)
+        self._optimizer: torch.optim.Optimizer | None = None  # see `optimizer`
         # Sampling and minibatch shuffling draw from a generator of their own, so a seed gives
         # the same actions however much other code touches torch's global generator.
         self.gen = torch.Generator().manual_seed(seed)
         self.version = -1
         self.train_iterations = 0
         self.reducer: Reducer | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Made on first use: only a learner ever steps it, and building any torch optimizer
+        imports torch._dynamo and sympy (about 70 MB and a second of CPU), which a collector,
+        acting only, must not pay. eps 1e-5 as in CleanRL; fused: one kernel over all
+        parameters, about a quarter off each learn round's time on CPU."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self._params, lr=self.cfg.lr, eps=1e-5, fused=True)
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """A subclass may bring its own (for a network of its own)."""
+        self._optimizer = optimizer
 
     def set_reducer(self, reducer: Reducer | None) -> None:
         """Learn as one rank of a data-parallel group (None: alone)."""
