@@ -14,6 +14,18 @@ evaluation; `train` starts at the first chunk the coordinator accepted (workers'
 of importing torch on this machine, left out: it dominates PPO's few-second solves);
 `wall_seconds` is the launcher's, process start-up and shutdown included. The time
 to 195 comes from the coordinator's evaluation history (`<run-dir>/evaluations.json`).
+`first_chunk_s` is the time to the first chunk accepted, from the launch of `rlfleet up` when
+the run's summary has it (`first_chunk_s_from_launch`), else from the coordinator's start
+(`first_chunk_from` says which).
+
+Learning per env step: `env_steps_ratio` compares the env steps each side had collected when
+its solving evaluation was reported (the cluster's collectors run on while it evaluates; the
+single process stops at once). Beside it, per seed, what explains a difference: updates per
+env step, the learner's lead over the replay ratio's line (trained items minus
+samples_per_insert x (inserted - min_size), in batches, averaged over the coordinator's info
+records; the single process trains to the top of the band, error_buffer ahead, before each
+chunk) and the policy lag of the chunks (learner version minus acting version, as the
+coordinator sees them; the single process's actor is at most one version behind).
 The last line of stdout is one JSON object (see `summarise`).
 """
 
@@ -63,6 +75,16 @@ class ClusterResult:
     train_iterations: int | None
     evaluations: int
     run_dir: Path
+    solve_env_steps: int | None = None         # at the solving evaluation's report
+    solve_train_iterations: int | None = None
+    first_chunk_s: float | None = None          # see first_chunk_from
+    first_chunk_from: str | None = None         # "launch" or "coordinator start"
+    lead_batches: float | None = None           # learner's mean lead over the ratio's line
+    policy_lag: float | None = None             # mean versions between learner and actor
+
+    @property
+    def updates_per_env_step(self) -> float | None:
+        return ratio(self.solve_train_iterations, self.solve_env_steps)
 
 
 @dataclass
@@ -74,9 +96,40 @@ class SingleResult:
     env_steps: int
     train_iterations: int
 
+    @property
+    def updates_per_env_step(self) -> float | None:
+        return ratio(self.train_iterations, self.env_steps)
+
 
 def first_reaching(evaluations: list[dict], target: float) -> dict | None:
     return next((e for e in evaluations if e["return_mean"] >= target), None)
+
+
+def learning_diagnostics(run_dir: Path, config: Path) -> tuple[float | None, float | None]:
+    """(the learner's mean lead over the ratio's line in batches, the mean policy lag of
+    the chunks), from the run's metrics.jsonl (None where it has no such records)."""
+    from shared.config import load_config
+
+    cfg = load_config(config)
+    buffer = cfg.learner.mix[0].buffer
+    limit = cfg.buffers[buffer].rate_limit
+    batch = cfg.algo.batch_size
+    leads, lags = [], []
+    path = run_dir / "metrics.jsonl"
+    if not path.exists() or limit.samples_per_insert is None:
+        return None, None
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("scope") == "collect" and "collect/policy_lag" in rec:
+            lags.append(rec["collect/policy_lag"])
+        inserted = rec.get(f"buffer/{buffer}/inserted_items")
+        trained = rec.get("counters/train_iterations")
+        if rec.get("scope") != "info" or inserted is None or trained is None \
+                or inserted < limit.min_size or trained <= 0:
+            continue
+        line_items = (inserted - limit.min_size) * limit.samples_per_insert
+        leads.append((trained * batch - line_items) / batch)
+    return median(leads), median(lags)
 
 
 def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
@@ -103,6 +156,13 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
         log(f"[yellow]seed {seed}: no evaluations.json: time to {EASY_TARGET:.0f} unknown[/]")
     easy = first_reaching(evaluations, EASY_TARGET)
     solved = bool(summary["solved"])
+    solving = (first_reaching(evaluations, summary["stop_value"])
+               if solved and summary.get("stop_value") is not None else None)
+    if summary.get("first_chunk_s_from_launch") is not None:
+        first_chunk, first_from = summary["first_chunk_s_from_launch"], "launch"
+    else:
+        first_chunk, first_from = summary.get("first_chunk_seconds"), "coordinator start"
+    lead, lag = learning_diagnostics(run_dir, config)
     return ClusterResult(
         seed=seed, solved=solved, outcome=summary["outcome"],
         run_s=summary["run_seconds"] if solved else None,
@@ -111,7 +171,11 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
         wall_s=summary["wall_seconds"] if solved else None,
         t195_s=easy["wall_time"] if easy else None,
         env_steps=summary["env_steps"], train_iterations=summary["train_iterations"],
-        evaluations=len(evaluations), run_dir=run_dir)
+        evaluations=len(evaluations), run_dir=run_dir,
+        solve_env_steps=solving["env_steps"] if solving else None,
+        solve_train_iterations=solving["train_iterations"] if solving else None,
+        first_chunk_s=first_chunk, first_chunk_from=first_from if first_chunk is not None
+        else None, lead_batches=lead, policy_lag=lag)
 
 
 def run_single_process(config: Path, seed: int) -> SingleResult:
@@ -135,7 +199,7 @@ def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
     for name in ("seed", "cluster t→475", "cluster train", "cluster wall", "single t→475",
                  "ratio", "ratio train",
                  "cluster t→195", "single t→195", "ratio 195", "cluster env steps",
-                 "single env steps", "cluster outcome"):
+                 "single env steps", "steps ratio", "first chunk", "cluster outcome"):
         t.add_column(name, justify="right" if name != "cluster outcome" else "left")
     for c, s in zip(clusters, singles, strict=True):
         t.add_row(str(c.seed), fmt(c.run_s, ".1f", " s"), fmt(c.train_s, ".1f", " s"),
@@ -144,7 +208,9 @@ def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
                   fmt(ratio(c.train_s, s.solve_s), ".2f", "x"),
                   fmt(c.t195_s, ".1f", " s"), fmt(s.t195_s, ".1f", " s"),
                   fmt(ratio(c.t195_s, s.t195_s), ".2f", "x"),
-                  fmt(c.env_steps, ","), fmt(s.env_steps, ","), c.outcome)
+                  fmt(c.solve_env_steps, ","), fmt(s.env_steps if s.solved else None, ","),
+                  fmt(ratio(c.solve_env_steps, s.env_steps if s.solved else None), ".2f", "x"),
+                  fmt(c.first_chunk_s, ".1f", " s"), c.outcome)
     t.add_section()
     t.add_row("median", fmt(med["cluster_solve_s"], ".1f", " s"),
               fmt(med["cluster_train_s"], ".1f", " s"), fmt(med["cluster_wall_s"], ".1f", " s"),
@@ -152,8 +218,25 @@ def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
               fmt(med["ratio_train"], ".2f", "x"),
               fmt(med["cluster_solve_195_s"], ".1f", " s"),
               fmt(med["single_solve_195_s"], ".1f", " s"), fmt(med["ratio_195"], ".2f", "x"),
-              fmt(med["cluster_env_steps"], ",.0f"), fmt(med["single_env_steps"], ",.0f"),
+              fmt(med["cluster_solve_env_steps"], ",.0f"),
+              fmt(med["single_solve_env_steps"], ",.0f"), fmt(med["env_steps_ratio"], ".2f", "x"),
+              fmt(med["first_chunk_s"], ".1f", " s"),
               f"{len(med['solved_seeds'])}/{len(clusters)} solved", style="bold")
+    return t
+
+
+def learning_table(clusters: list[ClusterResult], singles: list[SingleResult]) -> Table:
+    t = Table(title="learning per env step: what the cluster's policies had behind them",
+              caption="lead: the learner's trained items over samples_per_insert x (inserted - "
+                      "min_size), in batches (the single process trains to the top of the band "
+                      "before each chunk); lag: learner version - acting version of each chunk")
+    for name in ("seed", "cluster updates/step", "single updates/step", "cluster lead",
+                 "cluster policy lag"):
+        t.add_column(name, justify="right")
+    for c, s in zip(clusters, singles, strict=True):
+        t.add_row(str(c.seed), fmt(c.updates_per_env_step, ".3f"),
+                  fmt(s.updates_per_env_step, ".3f"), fmt(c.lead_batches, ".0f"),
+                  fmt(c.policy_lag, ".1f"))
     return t
 
 
@@ -166,6 +249,9 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
     single_s = median(s.solve_s for s in singles)
     cluster_195 = median(c.t195_s for c in clusters)
     single_195 = median(s.t195_s for s in singles)
+    cluster_steps = median(c.solve_env_steps for c in clusters)
+    single_steps = median(s.env_steps for s in singles if s.solved)
+    froms = {c.first_chunk_from for c in clusters if c.first_chunk_from}
     return {
         "cluster_solve_s": rounded(cluster_s),
         "single_process_solve_s": rounded(single_s),
@@ -179,6 +265,17 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
         "single_env_steps": rounded(median(s.env_steps for s in singles), 0),
         "cluster_wall_s": rounded(median(c.wall_s for c in clusters)),
         "ratio_195": rounded(ratio(cluster_195, single_195)),
+        "cluster_solve_env_steps": rounded(cluster_steps, 0),
+        "single_solve_env_steps": rounded(single_steps, 0),
+        "env_steps_ratio": rounded(ratio(cluster_steps, single_steps)),
+        "first_chunk_s": rounded(median(c.first_chunk_s for c in clusters)),
+        "first_chunk_from": " / ".join(sorted(froms)) or None,
+        "cluster_updates_per_env_step": rounded(median(c.updates_per_env_step
+                                                       for c in clusters), 4),
+        "single_updates_per_env_step": rounded(median(s.updates_per_env_step
+                                                      for s in singles), 4),
+        "cluster_lead_batches": rounded(median(c.lead_batches for c in clusters), 1),
+        "cluster_policy_lag": rounded(median(c.policy_lag for c in clusters), 2),
         "single_solved_seeds": [s.seed for s in singles if s.solved],
         "algo": algo,
         "collectors": collectors,
@@ -187,6 +284,11 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
                       "cluster_train_s": rounded(c.train_s),
                       "cluster_wall_s": rounded(c.wall_s),
                       "cluster_solve_195_s": rounded(c.t195_s), "cluster_env_steps": c.env_steps,
+                      "cluster_solve_env_steps": c.solve_env_steps,
+                      "cluster_first_chunk_s": rounded(c.first_chunk_s),
+                      "cluster_updates_per_env_step": rounded(c.updates_per_env_step, 4),
+                      "cluster_lead_batches": rounded(c.lead_batches, 1),
+                      "cluster_policy_lag": rounded(c.policy_lag, 2),
                       "single_process_solve_s": rounded(s.solve_s),
                       "single_solve_195_s": rounded(s.t195_s),
                       "single_env_steps": s.env_steps}
@@ -238,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             f", {s.env_steps:,} env steps")
 
     result = summarise(args.algo, args.collectors, clusters, singles)
-    print_tables(table(clusters, singles, result, stop_value))
+    print_tables(table(clusters, singles, result, stop_value),
+                 learning_table(clusters, singles))
     emit(result)
     return 0
 

@@ -6,6 +6,11 @@ per second however fast the envs run. A chunk is announced only after its write 
 metadata that could not be delivered is kept and sent again: nothing acknowledged is lost,
 and the coordinator ignores a chunk id it already holds, so a retry cannot count twice.
 
+Each answer says whether the learner is behind (`throttle`, set or cleared by every answer).
+While it is, the collector makes one chunk per permit and waits for that chunk's answer before
+asking for the next (`flush`), so the reporter sends at once instead of gathering: a
+collector's chunks cannot outrun the answers that would stop it.
+
 Storage may be down for a while (a Redis restart, a remounted volume). Then a chunk that could
 not be written is *held*: kept encoded in memory while a writer thread retries the held chunks,
 oldest first, with exponential backoff, and announces each once its write succeeded. New
@@ -206,9 +211,10 @@ class StorageAdder:
             closing = item is None
             if isinstance(item, ChunkMeta):
                 self._pending.append(item)
-            # Gather whatever else arrives within the report interval into the same request.
+            # Gather whatever else arrives within the report interval into the same request
+            # (unless throttled: then the collector waits for this answer, nothing else comes).
             deadline = time.monotonic() + self.report_interval_s
-            while not closing and len(self._pending) < 1000:
+            while not closing and len(self._pending) < 1000 and not self.throttle.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -239,6 +245,8 @@ class StorageAdder:
         self.global_env_steps = max(self.global_env_steps, resp.env_steps)
         if resp.throttle_s > 0:
             self.throttle.set()
+        else:
+            self.throttle.clear()
         if resp.stop:
             self.halt()
         with self._cond:

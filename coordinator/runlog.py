@@ -52,6 +52,7 @@ class RunLog:
         self._returns: list[float] = []
         self._lengths: list[int] = []
         self._components: list[list[float]] = []
+        self._lags: list[int] = []  # policy lag of each chunk since the last collect record
         self._timers = _Means()
         # After a resume each scope writes its first record at once, so the gap the restart
         # left in a curve is as short as the snapshot allows.
@@ -76,13 +77,17 @@ class RunLog:
             return False
 
     def on_chunks(self, fresh: Iterable[ChunkMeta], env_steps: int,
-                  steps_per_s: float) -> None:
+                  steps_per_s: float, policy_version: int = -1) -> None:
+        """`policy_version`: the learner's latest version as the coordinator knows it, for
+        `collect/policy_lag` (versions between it and the one that acted in a chunk)."""
         with self._lock:
             for c in fresh:
                 self._returns.extend(c.episode_returns)
                 self._lengths.extend(c.episode_lengths)
                 self._components.extend(c.episode_return_components)
                 self._timers.add(c.timers, "timers/collector/")
+                if policy_version >= 0 and c.policy_version >= 0:
+                    self._lags.append(max(0, policy_version - c.policy_version))
             if not self._returns:
                 return  # nothing finished yet: no collect record without episodes
             r = np.asarray(self._returns)
@@ -95,8 +100,11 @@ class RunLog:
                 comps = np.asarray(self._components, dtype=np.float64)
                 for i in range(comps.shape[1]):
                     scalars[f"collect/return_component_{i}_mean"] = comps[:, i].mean()
+            if self._lags:
+                scalars["collect/policy_lag"] = float(np.mean(self._lags))
             if self._log("collect", env_steps, scalars):
                 self._returns, self._lengths, self._components = [], [], []
+                self._lags = []
 
     def on_learn_info(self, req: LearnInfo, env_steps: int, iterations_per_s: float) -> None:
         with self._lock:

@@ -339,11 +339,11 @@ class Coordinator:
             # they finish the chunk at hand, report it, and wait for a permit.
             throttle = self.paused or self.replay.inserts_blocked()
             self._cond.notify_all()
-            env_steps = self.env_steps
+            env_steps, version = self.env_steps, self.policy_version
         if dead:
             self.durability.release(dead)
         if fresh:
-            self.runlog.on_chunks(fresh, env_steps, self.rates()[0])
+            self.runlog.on_chunks(fresh, env_steps, self.rates()[0], version)
         if self.eval_schedule.due(self.env_steps, self.train_iterations):
             self._wake.set()
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,

@@ -116,6 +116,12 @@ class RateLimitConfig(_Frozen):
         "per env step); null lets learners and collectors run free")
     error_buffer: float = Field(64_000, gt=0, description="how many items sampling may run "
                                 "ahead of or behind the ratio before one side waits")
+    min_lead: float | None = Field(
+        None, description="inserts wait while sampling is less than this many items ahead of "
+        "the ratio (negative: behind it); null: -error_buffer, a band symmetric about the "
+        "ratio. Near error_buffer, learners stay at the top of the band, where a single "
+        "process that trains between chunks runs; collectors then wait for the learner "
+        "instead of running error_buffer behind it")
 
 
 BufferKind = Literal["uniform", "prioritized", "episode", "queue"]
@@ -310,12 +316,19 @@ class RunConfig(_Frozen):
             share = max(1, round(part.fraction * self.algo.batch_size))
             bcfg = self.buffers[part.buffer]
             items = share * (bcfg.sequence_length if bcfg.kind == "episode" else 1)
-            if bcfg.rate_limit.samples_per_insert is not None and \
-                    bcfg.rate_limit.error_buffer < items:
+            limit = bcfg.rate_limit
+            if limit.samples_per_insert is not None and limit.error_buffer < items:
                 raise ValueError(
                     f"buffers.{part.buffer}.rate_limit.error_buffer="
-                    f"{bcfg.rate_limit.error_buffer} is smaller than the {items} items of one "
+                    f"{limit.error_buffer} is smaller than the {items} items of one "
                     "batch: learners and collectors would wait for each other forever")
+            if limit.samples_per_insert is not None and limit.min_lead is not None and \
+                    limit.min_lead > limit.error_buffer - items:
+                raise ValueError(
+                    f"buffers.{part.buffer}.rate_limit.min_lead={limit.min_lead} leaves less "
+                    f"than the {items} items of one batch below error_buffer="
+                    f"{limit.error_buffer}: learners and collectors would wait for each other "
+                    "forever")
         queues = [p.buffer for p in self.learner.mix if self.buffers[p.buffer].kind == "queue"]
         if self.algo.name == "ppo" and self.algo.policy is None and (
                 len(self.learner.mix) != 1 or not queues):

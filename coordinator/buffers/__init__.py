@@ -36,7 +36,7 @@ def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1
 def make_limiter(cfg: BufferConfig) -> RateLimiter:
     r = cfg.rate_limit
     return RateLimiter(min_size=r.min_size, samples_per_insert=r.samples_per_insert,
-                       error_buffer=r.error_buffer)
+                       error_buffer=r.error_buffer, min_lead=r.min_lead)
 
 
 class ChunkRegistry:

@@ -46,8 +46,10 @@ def test_cartpole_dqn_loads_with_its_values():
     replay = cfg.buffers["replay"]
     assert replay.kind == "uniform" and replay.capacity == 100_000
     # the replay ratio in items: 0.25 updates of 64 items per env step, 1000 updates of slack
+    # and collectors wait while the learner is less than 219 updates ahead: it stays at the
+    # top of the band, where the single-process runner trains
     assert replay.rate_limit == RateLimitConfig(min_size=1000, samples_per_insert=16,
-                                                error_buffer=16_000)
+                                                error_buffer=16_000, min_lead=14_000)
     assert cfg.eval.stop_value == 475
     assert cfg.stop.max_wall_s == 600
     # sections the file leaves out take their defaults
@@ -245,6 +247,10 @@ def _mix(*parts: tuple[str, float]) -> dict:
     # an episode buffer's batch is sequences: 64 x 4 items
     ({"buffers": {"replay": {"kind": "episode", "sequence_length": 4, "rate_limit": {
         "samples_per_insert": 64, "error_buffer": 255}}}}, "smaller than the 256 items"),
+    # a lopsided band must still hold a batch between its edges
+    ({"buffers": {"replay": {"rate_limit": {"samples_per_insert": 16, "error_buffer": 1000,
+                                            "min_lead": 937}}}},
+     "buffers.replay.rate_limit.min_lead=937.0 leaves less than the 64 items of one batch"),
 ])
 def test_inconsistent_buffers_are_errors(change, message):
     data = {**_base(), **change}

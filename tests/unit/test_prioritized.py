@@ -423,6 +423,38 @@ def test_inserts_block_when_samplers_fall_behind():
     assert limiter.inserts_blocked(inserted=133, sampled=0)
 
 
+def test_a_lopsided_band_keeps_the_learner_at_its_top():
+    """min_lead: collectors wait while samplers are less than min_lead items ahead of the
+    line, as a single process that trains between chunks always is; sampling is bounded by
+    error_buffer as before."""
+    limiter = RateLimiter(min_size=100, samples_per_insert=2.0, error_buffer=64, min_lead=32)
+    # target(200) = 200: inserts wait below 232 sampled items, sampling stops at 264
+    assert limiter.inserts_blocked(inserted=200, sampled=231)
+    assert not limiter.inserts_blocked(inserted=200, sampled=232)
+    assert limiter.grantable_batches(16, size=200, inserted=200, sampled=232) == 2
+    # at min_size nothing was sampled yet: the learner goes first, as in one process
+    assert limiter.inserts_blocked(inserted=100, sampled=0)
+    assert not limiter.inserts_blocked(inserted=99, sampled=0)
+    # a negative lead is a lower edge behind the line; None is the symmetric band
+    assert not RateLimiter(min_size=100, samples_per_insert=2.0, error_buffer=64,
+                           min_lead=-10).inserts_blocked(inserted=200, sampled=190)
+    assert RateLimiter(min_size=100, samples_per_insert=2.0, error_buffer=64,
+                       min_lead=None).inserts_blocked(inserted=200, sampled=135)
+
+
+@pytest.mark.parametrize("min_lead", [None, -40.0, 0.0, 32.0])
+def test_someone_can_always_move_in_a_lopsided_band(min_lead):
+    """Liveness with min_lead up to error_buffer - one batch (what the config allows)."""
+    batch = 32
+    limiter = RateLimiter(min_size=50, samples_per_insert=1.0, error_buffer=64,
+                          min_lead=min_lead)
+    for inserted in range(50, 400, 7):
+        for sampled in range(0, 500, 3):
+            blocked = limiter.inserts_blocked(inserted, sampled)
+            grant = limiter.grantable_batches(batch, inserted, inserted, sampled)
+            assert not (blocked and grant == 0), (inserted, sampled)
+
+
 @pytest.mark.parametrize("spi", [0.25, 1.0, 3.0])
 def test_someone_can_always_move_when_the_band_fits_a_batch(spi: float):
     """Liveness: with error_buffer >= batch/2, whenever collectors are blocked a learner can
