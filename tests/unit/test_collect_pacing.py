@@ -30,7 +30,6 @@ from .helpers import (
     ok,
     post,
     prewarm_module,
-    wait_for,
 )
 
 # Batches of 8 items, 8 items sampled per item inserted from the first item on; the learner
