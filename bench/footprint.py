@@ -94,6 +94,17 @@ def describe(proc: psutil.Process, parent_cmd: list[str] | None) -> tuple[str, s
     return role, name
 
 
+def _module(proc: psutil.Process) -> str:
+    """What a helper process runs: `python -m <module>`'s module, else its program."""
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return str(proc.pid)
+    if "-m" in cmd and cmd.index("-m") + 1 < len(cmd):
+        return cmd[cmd.index("-m") + 1]
+    return Path(cmd[0]).name if cmd else str(proc.pid)
+
+
 def _children(proc: psutil.Process) -> list[psutil.Process]:
     try:
         return proc.children()
@@ -137,8 +148,12 @@ class Sampler:
                     parent = p.parent()
                     parent_cmd = parent.cmdline() if parent else None
                 except psutil.Error:
-                    parent_cmd = None
+                    parent = parent_cmd = None
                 role, name = describe(p, parent_cmd)
+                owner = self.procs.get(parent.pid) if parent is not None else None
+                if role == "other" and owner is not None:  # a role's helper process (the
+                    role = owner.role                      # learner's data process) is its
+                    name = f"{owner.name}: {_module(p)}"   # role's memory
                 known = self.procs[p.pid] = Proc(p.pid, role, name)
             if known.samples % 8 == 0:  # torch may be imported late (lazily)
                 known.torch = known.torch or has_torch(p.pid)

@@ -37,7 +37,6 @@ from pathlib import Path
 import yaml
 
 from services.cli import free_port
-from shared.algos.base import check_run_config
 from shared.config import ConfigError, RunConfig, load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
@@ -334,12 +333,14 @@ def names_code(cfg: RunConfig) -> bool:
 
 
 def check_config(cfg: RunConfig, path: Path | str) -> None:
-    """`check_run_config` without torch in this process: a built-in algorithm on a gymnasium
-    env is checked here without building it; a config that names code by import path is
-    built by a `rlfleet check` child (that code may import torch), whose one-line error
-    becomes ours. Raises `ConfigError`."""
+    """`check_run_config` without torch, gymnasium or anyone's code in this process, which
+    then watches the run for its whole length at a few tens of MB: a built-in algorithm on a
+    gymnasium env is checked without building it, by a forked child (gymnasium and numpy
+    stay in the child); a config that names code by import path is built by a `rlfleet check`
+    child (that code may import torch). Either child's one-line error becomes ours. Raises
+    `ConfigError`."""
     if not names_code(cfg):
-        check_run_config(cfg, build=False)
+        _check_in_fork(cfg)
         return
     done = subprocess.run([sys.executable, "-m", "services.cli", "check", "--config",
                            str(path)], capture_output=True, text=True, cwd=os.getcwd())
@@ -349,6 +350,42 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
             raise ConfigError(text.removeprefix("rlfleet check: "))
         last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
         raise ConfigError(f"building what {path} names failed: {last}")
+
+
+def _check_in_fork(cfg: RunConfig) -> None:
+    """`check_run_config(cfg, build=False)` in a forked child (this process has no threads
+    yet); its `ConfigError` comes back through a pipe."""
+    if not hasattr(os, "fork"):  # not POSIX: check here
+        from shared.algos.base import check_run_config
+
+        check_run_config(cfg, build=False)
+        return
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: check, say what is wrong, exit without cleanup handlers
+        code = 0
+        try:
+            os.close(read_end)
+            from shared.algos.base import check_run_config
+
+            check_run_config(cfg, build=False)
+        except ConfigError as err:
+            os.write(write_end, str(err).encode())
+            code = 2
+        except BaseException as err:  # noqa: BLE001 - reported by the parent
+            os.write(write_end, f"{type(err).__name__}: {err}".encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 2:
+        raise ConfigError(message)
+    if code != 0:
+        raise ConfigError(f"checking the config failed: {message or f'exit code {code}'}")
 
 
 def _resolve(args) -> tuple[Path, Path, str, dict]:

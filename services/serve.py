@@ -25,11 +25,12 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
-
-from flask import Flask
+from typing import TYPE_CHECKING, Any
 
 from shared.config import ConfigError
+
+if TYPE_CHECKING:  # the coordinator's gunicorn master never imports Flask
+    from flask import Flask
 
 log = logging.getLogger("rlfleet.serve")
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import hmac
 import os
 from pathlib import Path
-
-from flask import Flask, request
+from typing import TYPE_CHECKING
 
 from shared.config import ConfigError
-from shared.webapp import error
+
+if TYPE_CHECKING:  # Flask only where a guard is installed: clients (the launcher) need none
+    from flask import Flask
 
 TOKEN_ENV = "RLFLEET_TOKEN"
 TOKEN_FILE_ENV = "RLFLEET_TOKEN_FILE"
@@ -84,6 +85,8 @@ def install_token_guard(app: Flask, token: str | None) -> bool:
     requests are still counted; the guard itself must come before anything that reads bodies
     or changes state, which in Flask means any view: `before_request` hooks run first.
     """
+    from flask import request
+
     if token is None:
         return False
     expected = token.encode("ascii")
@@ -114,6 +117,8 @@ def _bearer(header: str | None) -> str | None:
 
 
 def _unauthorized(message: str):
+    from shared.webapp import error
+
     resp, status = error(401, message, "Authorization")
     resp.headers["WWW-Authenticate"] = "Bearer"
     return resp, status

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from flask import Flask, jsonify, request
 from pydantic import BaseModel, ValidationError
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from shared.config import ConfigError
+
+# Flask and werkzeug are imported by the functions that serve: `max_body_bytes` is also read
+# by processes that serve nothing (`rlfleet up` checks the setting before starting anyone).
+if TYPE_CHECKING:
+    from flask import Flask
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -54,6 +57,8 @@ class BadRequest(Exception):
 
 
 def error(status: int, message: str, field: str | None = None, **extra):
+    from flask import jsonify
+
     body = {"error": message, "field": field, **extra}
     return jsonify(body), status
 
@@ -65,6 +70,9 @@ def read_body() -> bytes:
     `Content-Length`) is only cut off at the limit, silently: the parser would then see a
     truncated body and answer a misleading 400. One more byte from the server's own stream
     tells a body that ends exactly at the limit from one that goes on."""
+    from flask import request
+    from werkzeug.exceptions import RequestEntityTooLarge
+
     data = request.get_data(cache=False)
     limit = request.max_content_length
     if (request.content_length is None and limit is not None and len(data) >= limit
@@ -75,6 +83,8 @@ def read_body() -> bytes:
 
 def parse_body(model: type[T]) -> T:
     """Validate the request body as `model` (unknown fields are errors)."""
+    from flask import request
+
     data = read_body()
     if request.mimetype not in ("application/json", "") and data:
         raise BadRequest(f"expected Content-Type application/json, got {request.mimetype}")
@@ -93,6 +103,9 @@ def parse_body(model: type[T]) -> T:
 
 
 def install_error_handlers(app: Flask) -> None:
+    from flask import request
+    from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
     if app.config.get("MAX_CONTENT_LENGTH") is None:  # Flask's default config holds None
         app.config["MAX_CONTENT_LENGTH"] = max_body_bytes()
 
