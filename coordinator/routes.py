@@ -6,13 +6,15 @@ answers, for the OpenAPI document at `GET /openapi.json`. It describes, never va
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, current_app, jsonify, request
 
 from coordinator.membership import UnknownWorker
 from coordinator.openapi import document, openapi_document
 from coordinator.replay import UnknownBuffer
 from coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
 from coordinator.tasks import UnknownTask
+from shared.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
+from shared.sample_wire import encode_sample
 from shared.schemas import (
     API,
     BufferChunks,
@@ -207,20 +209,26 @@ def learner_group_sync():
 @bp.post(f"{API}/sample")
 @document(SampleResponse, body=SampleRequest, errors=[404, 409, 429])
 def sample():
+    """Sample references for `num_batches` batches. With `Accept: application/x-rlfleet-
+    sample+safetensors` the answer is the same fields with the index arrays in one
+    safetensors body (`shared/sample_wire.py`): what the learner's data process asks for."""
     c = coord()
     req = parse_body(SampleRequest)
     chunk_ids, parts, granted, env_steps, first_seq = c.sample(req)
-    return _json(SampleResponse(
-        chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
-        train_iterations=c.train_iterations, policy_version=c.policy_version, stop=c.stopped,
-        group_generation=c.group.generation if req.group_generation is not None else None,
-        first_seq=first_seq,
-        parts=[SamplePart(
-            buffer=p.buffer, key=p.key, chunk_index=p.chunk_index.tolist(),
-            rows=p.rows.tolist(), item_ids=p.item_ids.tolist(),
-            weights=None if p.weights is None else p.weights.tolist(),
-            sequence_length=p.sequence_length,
-            lengths=None if p.lengths is None else p.lengths.tolist()) for p in parts]))
+    fields = dict(chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
+                  train_iterations=c.train_iterations, policy_version=c.policy_version,
+                  stop=c.stopped,
+                  group_generation=c.group.generation if req.group_generation is not None
+                  else None, first_seq=first_seq)
+    if request.accept_mimetypes.best == SAMPLE_MEDIA_TYPE:
+        return current_app.response_class(encode_sample(fields, parts),
+                                           mimetype=SAMPLE_MEDIA_TYPE)
+    return _json(SampleResponse(**fields, parts=[SamplePart(
+        buffer=p.buffer, key=p.key, chunk_index=p.chunk_index.tolist(),
+        rows=p.rows.tolist(), item_ids=p.item_ids.tolist(),
+        weights=None if p.weights is None else p.weights.tolist(),
+        sequence_length=p.sequence_length,
+        lengths=None if p.lengths is None else p.lengths.tolist()) for p in parts]))
 
 
 @bp.get(f"{API}/buffers")

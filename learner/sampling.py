@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from learner.arena import ChunkArena
-from shared.codec import decode_arrays
+from shared.codec import CodecError, decode_arrays
 from shared.http import HttpClient, HttpError
+from shared.sample_wire import MEDIA_TYPE, decode_sample
 from shared.schemas import API, MixShare, SampleRequest, SampleResponse
 from shared.storage import ChunkNotFound, Storage, StorageError
 
@@ -85,7 +86,11 @@ class SampleLoop:
             t0 = time.perf_counter()
             try:
                 resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
-                                        retries=0)
+                                        retries=0, accept=(MEDIA_TYPE, decode_sample))
+            except CodecError as err:  # not from a coordinator of ours
+                log.warning("sample answer not understood: %s", err)
+                self._closing.wait(0.5)
+                continue
             except HttpError as err:
                 if err.status == 429:  # the rate limiter says wait: the buffer is not ready
                     self.rate_limited += 1

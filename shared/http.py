@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import requests
@@ -74,7 +75,10 @@ class HttpClient:
 
     def request(self, method: str, path: str, body: BaseModel | dict | None = None,
                 response_model: type[T] | None = None, *, timeout_s: float | None = None,
-                retries: int | None = None) -> T | dict[str, Any]:
+                retries: int | None = None,
+                accept: tuple[str, Callable[[bytes], T]] | None = None) -> T | dict[str, Any]:
+        """`accept`: (media type, decoder): ask for that form of the answer and decode it
+        with the decoder when the server gives it (JSON otherwise, as always)."""
         url = f"{self.base_url}{path}"
         data = None
         if body is not None:
@@ -86,13 +90,18 @@ class HttpClient:
         last_status: int | None = None  # of the last answer, when retries ran out on one
         for attempt in range(attempts):
             try:
-                resp = self.session.request(
-                    method, url, data=data, timeout=timeout_s or self.timeout_s,
-                    headers={"Content-Type": "application/json"} if data is not None else None)
+                headers = {"Content-Type": "application/json"} if data is not None else {}
+                if accept is not None:
+                    headers["Accept"] = accept[0]
+                resp = self.session.request(method, url, data=data, headers=headers or None,
+                                            timeout=timeout_s or self.timeout_s)
             except (requests.ConnectionError, requests.Timeout) as err:
                 last, last_status = f"{type(err).__name__}: {err}", None
             else:
                 if resp.status_code < 400:
+                    if accept is not None and resp.headers.get(
+                            "Content-Type", "").startswith(accept[0]):
+                        return accept[1](resp.content)
                     if response_model is not None:  # pydantic parses the bytes directly
                         return response_model.model_validate_json(resp.content or b"{}")
                     return resp.json() if resp.content else {}
