@@ -87,8 +87,8 @@ def describe(proc: psutil.Process, parent_cmd: list[str] | None) -> tuple[str, s
         name = cmd[cmd.index("--worker-id") + 1]
     if role == "up":
         name = "rlfleet up"
-    if parent_cmd == cmd:
-        name += " (forked worker)"
+    if parent_cmd == cmd:  # the launcher forks to check the config; gunicorn, its worker
+        name += " (config check, forked)" if role == "up" else " (forked worker)"
     elif any(c.cmdline() == cmd for c in _children(proc)):
         name += " (server master)"
     return role, name
