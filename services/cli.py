@@ -80,9 +80,6 @@ def _worker(args: argparse.Namespace, role: str) -> int:
     """Serve a collector or a learner from this one process (`services/serve.py`). The role's
     module is imported here, after the arguments are checked: a collector's imports leave torch
     to a background thread (it acts before torch has loaded where its algorithm allows)."""
-    from services.serve import serve_in_process
-    from shared.worker import create_worker_app
-
     _setup_logging(role)
     if not args.coordinator:
         raise ConfigError(f"{role} needs --coordinator URL (or RLFLEET_COORDINATOR)")
@@ -90,8 +87,10 @@ def _worker(args: argparse.Namespace, role: str) -> int:
         args.port = free_port(args.host if args.host != "0.0.0.0" else "127.0.0.1")
     if role == "collector":
         from collector.service import CollectorService as Service
-    else:
+    else:  # first, so that everything it imports (Flask, pydantic, torch) is imported nicer
         Service = _import_nicer("learner.service", "LearnerService")
+    from services.serve import serve_in_process
+    from shared.worker import create_worker_app
 
     def factory():
         service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
