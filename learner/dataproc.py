@@ -98,21 +98,24 @@ class ShmWriter(SampleLoop):
             self.free.put(slot.index)
         self.out = out
         self._out_lock = threading.Lock()
+        self._room: int | None = None  # a free slot, taken before sampling into it
 
     def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
                  offsets: np.ndarray) -> tuple:
         return resp, columns, offsets  # written straight into a slot in `hand`
 
-    def hand(self, answer: tuple) -> None:
-        resp, columns, offsets = answer
-        while not self._closing.is_set():
+    def wait_room(self) -> bool:
+        while self._room is None and not self._closing.is_set():
             try:
-                index = self.free.get(timeout=0.5)
-                break
+                self._room = self.free.get(timeout=0.5)
             except queue.Empty:
                 continue
-        else:
-            return
+        return self._room is not None
+
+    def hand(self, answer: tuple) -> None:
+        resp, columns, offsets = answer
+        index, self._room = self._room, None
+        assert index is not None
         t0 = time.perf_counter()
         message = self._write(self.slots[index], resp, columns, offsets)
         self.fetch_s += time.perf_counter() - t0

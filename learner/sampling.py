@@ -74,12 +74,20 @@ class SampleLoop:
     def on_change(self) -> None:
         """Called after the loop's state (flags, counters) changed outside `deliver`."""
 
+    def wait_room(self) -> bool:
+        """Block until an answer could be handed on (False: closing). Sampling only then
+        keeps the batches sampled but not yet learned from, which the rate limiter counts as
+        learned, to what is held ready."""
+        return True
+
     def run(self) -> None:
         req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
                             num_batches=self.batches_per_request, wait_s=1.0, mix=self.mix,
                             by_buffer=self.by_buffer)
         grouped = self.group_generation is not None
         while not self._closing.is_set() and not self.group_ended.is_set():
+            if not self.wait_room():
+                break
             if grouped:
                 req = req.model_copy(update={"group_generation": self.group_generation,
                                              "group_cursor": self.cursor})
