@@ -44,6 +44,7 @@ class Publisher:
         self.seconds = 0.0         # this thread's time encoding and writing
         self.failure: PublishConflict | None = None
         self._stopped = False
+        self._gave_up = False  # the last write was abandoned: storage out while closing
 
     def attach(self, storage: Storage, version: int) -> None:
         """Write to `storage` from now on, the next version being `version + 1`."""
@@ -51,6 +52,7 @@ class Publisher:
             self._storage = storage
             self.version = version
             self.failure = None
+            self._gave_up = False
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
                 self._thread.start()
@@ -75,12 +77,11 @@ class Publisher:
                 if self.failure is not None:
                     break
                 left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-                if left <= 0 or (self._closing.is_set() and self._pending is not None
-                                 and not self._writing):
+                if left <= 0:
                     return False
                 self._cond.wait(left)
             self._raise_failure()
-            return True
+            return not self._gave_up
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Write what is pending (unless storage is out and the service is closing), then
@@ -109,6 +110,9 @@ class Publisher:
                     self._cond.wait(0.5)
                 state, iterations = self._pending
                 self._pending = None
+                if self._gave_up and self._closing.is_set():  # storage is out: so is this
+                    self._cond.notify_all()
+                    continue
                 self._writing = True
                 storage, version = self._storage, self.version + 1
             try:
@@ -141,6 +145,8 @@ class Publisher:
                 log.warning("could not publish policy version %d (retrying in %.1fs): %s",
                             version, delay, err)
                 if self._closing.wait(delay):
+                    with self._cond:
+                        self._gave_up = True
                     return
                 delay = min(2 * delay, 5.0)
                 with self._cond:  # a newer state is a better use of this version number
@@ -150,4 +156,5 @@ class Publisher:
         with self._cond:
             self.version = version  # only once it is in storage
             self.written += 1
+            self._gave_up = False
         self.seconds += time.perf_counter() - t0
