@@ -1,4 +1,5 @@
-"""The coordinator's app factory: gunicorn and the pytest client build the very same app."""
+"""The coordinator's app factory: `rlfleet coordinator` and the pytest client build the very
+same app."""
 
 from __future__ import annotations
 

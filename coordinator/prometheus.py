@@ -5,7 +5,7 @@ apps in one process (the tests, a pytest client next to a server) do not clash o
 HTTP metrics are kept by request hooks; the run's state is read from the `Coordinator` only
 when Prometheus scrapes, by a custom collector, so requests pay nothing for it.
 
-One gunicorn worker process serves the coordinator (see `services/serve.py`), so the
+One process serves the coordinator (see `services/serve.py`), so the
 in-process registry sees every request; more worker processes would need prometheus_client's
 multiprocess mode.
 """

@@ -56,7 +56,7 @@ def _advertise(args: argparse.Namespace) -> str:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from services.serve import serve
+    from services.serve import serve_in_process
 
     _setup_logging("coordinator")
     if not args.config:
@@ -68,12 +68,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def factory():
-        from coordinator.app import create_app  # in gunicorn's worker, not its master
+        from coordinator.app import create_app
 
         return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
 
-    serve(factory, args.host, args.port, threads=args.threads)
-    return 0
+    # One process, as the workers are: a gunicorn master beside it cost 25 MB and a fork at
+    # start, and bought nothing for an app that keeps its state in one process.
+    return serve_in_process(factory, args.host, args.port, threads=args.threads)
 
 
 def _worker(args: argparse.Namespace, role: str) -> int:
@@ -246,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlfleet", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("coordinator", help="serve the coordinator (gunicorn, gthread, 1 worker)")
+    c = sub.add_parser("coordinator", help="serve the coordinator (one process: the Flask app "
+                       "on a cheroot thread pool)")
     c.add_argument("--config", default=env("CONFIG"))
     c.add_argument("--host", default=env("HOST", "127.0.0.1"))
     c.add_argument("--port", type=int, default=int(env("PORT", "8000")))

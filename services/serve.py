@@ -1,85 +1,33 @@
-"""Serving a role's Flask app from inside our CLI, in one of two ways.
+"""Serving a role's Flask app from inside our CLI: one process per role.
 
-- `serve` (the coordinator): gunicorn, `-k gthread -w 1`. The app is built in the worker
-  process (never before the fork, so its threads are the worker's), its background work starts
-  in `post_worker_init` and stops in `worker_exit`. One worker process because the coordinator
-  keeps its state in memory; threads serve concurrent requests (a learner's sample request can
-  wait while collectors report). The master imports nothing of the app: it only supervises.
-- `serve_in_process` (collectors and learners): the HTTP endpoint is a thread pool in the
-  role's own process (cheroot, CherryPy's production WSGI server). A worker answers a handful
-  of requests a second (task pushes, `/health`, `/status`), so a second process buys nothing,
-  while each process that imports torch costs about 150 MB of private memory and a gunicorn
-  master plus its worker held torch twice. The process stops on SIGTERM/SIGINT as gunicorn's
-  did: it stops serving (requests in flight finish), closes the service (a collector drains,
-  a learner checkpoints, both leave the coordinator) and exits 0; a role whose loop dies
-  (`WorkerService.fail`) goes the same way and exits 1, so whatever supervises it (the
-  launcher, compose, Kubernetes) sees the crash and restarts it.
+The HTTP endpoint is a thread pool in the role's own process (cheroot, CherryPy's production
+WSGI server), beside the role's loop. A role keeps its state in memory, so it is one process
+anyway; threads serve concurrent requests (a learner's sample request can wait while
+collectors report). A second process bought nothing: a gunicorn master and its worker held
+torch twice in a worker role (about 150 MB of private memory each), and cost the coordinator
+25 MB and a fork at start. The process stops on SIGTERM/SIGINT: it stops serving (requests in
+flight finish), closes the service (a collector drains, a learner checkpoints, both leave the
+coordinator; the coordinator writes its final snapshot) and exits 0; a worker whose loop dies
+(`WorkerService.fail`) goes the same way and exits 1, so whatever supervises it (the
+launcher, compose, Kubernetes) sees the crash and restarts it.
 
-Either way the app is a plain WSGI app: the pytest client serves the very same one.
+The app is a plain WSGI app: the pytest client serves the very same one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shared.config import ConfigError
 
-if TYPE_CHECKING:  # the coordinator's gunicorn master never imports Flask
+if TYPE_CHECKING:
     from flask import Flask
 
 log = logging.getLogger("rlfleet.serve")
-
-
-def _start(worker) -> None:
-    service = worker.wsgi.extensions["rlfleet"]
-    # A role whose loop dies takes the server down with it (the master is our parent).
-    service.on_fatal = lambda: os.kill(worker.ppid, signal.SIGTERM)
-    service.start()
-
-
-def _stop(server, worker) -> None:
-    app = getattr(worker, "wsgi", None)
-    if app is not None:
-        app.extensions["rlfleet"].close()
-
-
-def serve(factory: Callable[[], Flask], host: str, port: int, threads: int = 8,
-          log_level: str = "warning") -> None:
-    """Run under gunicorn until SIGTERM/SIGINT; blocks. `factory` runs in the worker process
-    only, so whatever it imports stays out of the master."""
-    from gunicorn.app.base import BaseApplication
-
-    class _Gunicorn(BaseApplication):
-        def __init__(self, options: dict[str, Any]) -> None:
-            self.options = options
-            super().__init__()
-
-        def load_config(self) -> None:
-            for key, value in self.options.items():
-                self.cfg.set(key, value)
-
-        def load(self) -> Flask:
-            return factory()
-
-    options = {
-        "bind": f"{host}:{port}",
-        "workers": 1,
-        "worker_class": "gthread",
-        "threads": threads,
-        "timeout": 120,
-        "graceful_timeout": 20,
-        "keepalive": 30,
-        "loglevel": log_level,
-        "accesslog": None,
-        "post_worker_init": _start,
-        "worker_exit": _stop,
-    }
-    _Gunicorn(options).run()
 
 
 class InProcessServer:
@@ -138,7 +86,8 @@ class InProcessServer:
             self.server.stop()
             self.service.close()
         if self.fatal:
-            log.error("%s stopped after a fatal error", self.service.role.value)
+            role = getattr(self.service, "role", None)
+            log.error("%s stopped after a fatal error", getattr(role, "value", "coordinator"))
         return 1 if self.fatal else 0
 
 

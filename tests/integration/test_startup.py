@@ -39,7 +39,7 @@ def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp
         roles = {pid: role for pid, role in roles.items() if role}
         learner = [p for p, r in roles.items() if r == "learner"]
         # training: every role is up and the learner has loaded torch
-        if sorted(roles.values()) == ["collector", "collector", "coordinator", "coordinator",
+        if sorted(roles.values()) == ["collector", "collector", "coordinator",
                                       "learner"] and learner and maps_torch(learner[0]):
             return roles
         return None
@@ -48,15 +48,14 @@ def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp
     by_role: dict[str, list[int]] = {}
     for pid, role in roles.items():
         by_role.setdefault(role, []).append(pid)
-    # The coordinator is gunicorn's master and its worker; every other role is one process,
-    # a child of the launcher.
-    for role in ("learner", "collector"):
+    # Every role is one process, a child of the launcher (the learner's data process, a
+    # child of the learner, is no role of its own).
+    for role in ("coordinator", "learner", "collector"):
         for pid in by_role[role]:
             assert proc_ppid(pid) == up.proc.pid, f"{role} {pid} is not the launcher's child"
-    master, worker = sorted(by_role["coordinator"], key=lambda p: proc_ppid(p) != up.proc.pid)
-    assert proc_ppid(worker) == master
+    [coordinator] = by_role["coordinator"]
     assert not maps_torch(up.proc.pid), "the launcher imported torch"
-    assert not maps_torch(master) and not maps_torch(worker), "the coordinator imported torch"
+    assert not maps_torch(coordinator), "the coordinator imported torch"
     assert all(maps_torch(p) for p in by_role["learner"])
 
     code = up.wait(timeout=180)
