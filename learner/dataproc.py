@@ -379,13 +379,23 @@ class DataProcess:
         except (BrokenPipeError, OSError, ValueError):
             pass  # exited: `get` reports it
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """End the data process (it ends its loop when its stdin closes); `wait=False`
+        leaves the waiting and the clean-up to a thread."""
         proc = self._proc
         if proc is None:
             return
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):
             assert proc.stdin is not None
             proc.stdin.close()  # the data process ends its loop
+        if not wait:
+            threading.Thread(target=self._reap, name="data-reap", daemon=True).start()
+            return
+        self._reap()
+
+    def _reap(self) -> None:
+        proc = self._proc
+        assert proc is not None
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

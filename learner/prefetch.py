@@ -55,6 +55,7 @@ class Prefetcher(SampleLoop):
             except queue.Full:
                 continue
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self._closing.set()
-        self._thread.join(timeout=20)
+        if wait:
+            self._thread.join(timeout=20)

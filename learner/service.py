@@ -377,6 +377,8 @@ class LearnerService(WorkerService):
                 if batches is None:
                     continue
                 for batch in batches:
+                    if reporter.stop_run.is_set() or self._closing.is_set():
+                        return True  # the run is over: publish and report at once
                     out = policy.learn(batch.data, batch.weights)
                     step_metrics = out.metrics
                     if batch.item_refs and out.priorities is not None:
@@ -395,9 +397,11 @@ class LearnerService(WorkerService):
                 self._maybe_checkpoint(policy)
             return True
         finally:
-            prefetcher.close()
             reporter.close()  # what it still holds goes out before the final report
             self._mark_best(reporter)
+            # Without waiting for the data process (it may be in a sample request for a
+            # second): the final version and report go out first.
+            prefetcher.close(wait=False)
 
     def _feed(self, cfg: RunConfig, storage: Storage) -> Prefetcher | DataProcess:
         """The source of ready batches: a data process of this learner's own, or a thread."""
