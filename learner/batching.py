@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-DEFAULT_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+from learner.sampling import DEFAULT_FIELDS, part_rows
 
 
 @dataclass
@@ -38,15 +38,6 @@ def _columns(chunks: Sequence[Mapping[str, np.ndarray]], fields: Sequence[str]
     return {f: np.concatenate([c[f] for c in chunks]) for f in fields}, offsets
 
 
-def _part_rows(part: Any, offsets: np.ndarray) -> np.ndarray:
-    """Flat row indices into the concatenation: (B, n) or (B, n, L)."""
-    flat = offsets[np.asarray(part.chunk_index, dtype=np.int64)] + np.asarray(part.rows,
-                                                                              dtype=np.int64)
-    if part.sequence_length:
-        flat = flat[..., None] + np.arange(part.sequence_length)
-    return flat
-
-
 def assemble(chunks: Sequence[Mapping[str, np.ndarray]], parts: Sequence[Any],
              num_batches: int, fields: Sequence[str] = DEFAULT_FIELDS,
              by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
@@ -67,7 +58,7 @@ def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts:
     columns = {f: columns[f] for f in fields}
     per_part = []
     for part in parts:
-        flat = _part_rows(part, offsets)
+        flat = part_rows(part, offsets)
         data = {f: torch.from_numpy(col[flat]) for f, col in columns.items()}
         weights = (None if part.weights is None
                    else torch.as_tensor(np.asarray(part.weights, dtype=np.float32)))

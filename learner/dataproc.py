@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from learner.sampling import SampleLoop
+from learner.sampling import DEFAULT_FIELDS, SampleLoop, part_rows
 from shared.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
@@ -128,10 +128,7 @@ class ShmWriter(SampleLoop):
         num_batches = resp.num_batches
         flats, starts, total = [], [], 0
         for part in resp.parts:
-            flat = offsets[np.asarray(part.chunk_index, dtype=np.int64)] + np.asarray(
-                part.rows, dtype=np.int64)
-            if part.sequence_length:
-                flat = flat[..., None] + np.arange(part.sequence_length)
+            flat = part_rows(part, offsets)
             flats.append(flat)
             starts.append(total)
             total += flat.shape[1]
@@ -145,8 +142,7 @@ class ShmWriter(SampleLoop):
             layout[name] = [size, dtype.str, list(shape)]
             size += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
-        fields = ("obs", "action", "reward", "next_obs", "terminated")
-        for f in fields:
+        for f in DEFAULT_FIELDS:
             col = columns[f]
             place(f, col.dtype, (num_batches, total, *inner, *col.shape[1:]))
         prioritized = any(p.weights is not None for p in resp.parts)
@@ -162,7 +158,7 @@ class ShmWriter(SampleLoop):
             return np.frombuffer(slot.map, dtype=np.dtype(dtype), count=count,
                                  offset=offset).reshape(shape)
 
-        for f in fields:
+        for f in DEFAULT_FIELDS:
             dest, col = view(f), columns[f]
             if len(flats) == 1:
                 np.take(col, flats[0], axis=0, out=dest)

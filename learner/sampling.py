@@ -33,6 +33,18 @@ from shared.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
 
+DEFAULT_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
+
+def part_rows(part: Any, offsets: np.ndarray) -> np.ndarray:
+    """Flat row indices of a sample part's items into its chunks' concatenated columns
+    (chunk k's rows start at `offsets[k]`): (B, n), or (B, n, L) for sequence parts."""
+    flat = offsets[np.asarray(part.chunk_index, dtype=np.int64)] + np.asarray(part.rows,
+                                                                              dtype=np.int64)
+    if part.sequence_length:
+        flat = flat[..., None] + np.arange(part.sequence_length)
+    return flat
+
 
 class SampleLoop:
     def __init__(self, client: HttpClient, storage: Storage, worker_id: str, batch_size: int,
