@@ -16,17 +16,20 @@ covers every route under `/api/v1`, and runs schemathesis against a live coordin
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from spectree import Response, SecurityScheme, SecuritySchemeData, SpecTree
-from spectree.models import SecureType
 
 from shared.schemas import ErrorBody
 
+if TYPE_CHECKING:
+    from flask import Flask
+
 SECURITY_SCHEME = "bearerAuth"
+_DOC_ATTR = "__rlfleet_openapi__"  # what `document` hangs on a view function
 
 
 def _version() -> str:
@@ -36,22 +39,32 @@ def _version() -> str:
         return "0.0.0"
 
 
-# `strict`: only routes decorated here are documented (not /metrics, nor this document).
-# `path` names spectree's own doc routes, which are never registered (`register` is not
-# called); it must not be empty, since spectree skips every route starting with "/<path>".
-spec = SpecTree(
-    "flask", title="rlfleet coordinator", version=_version(), path="apidoc", mode="strict",
-    annotations=False, validation_error_model=ErrorBody,
-    # Components named as the models are (spectree appends a hash of the module by default):
-    # the wire schemas are one flat namespace, so names are unique, and clients read them.
-    naming_strategy=lambda model: model.__name__,
-    nested_naming_strategy=lambda _parent, child: child,
-    description="The coordinator's control plane. Every error answer is an `ErrorBody`.",
-    security_schemes=[SecurityScheme(name=SECURITY_SCHEME, data=SecuritySchemeData(
-        type=SecureType.HTTP, scheme="bearer", description="the cluster's token "
-        "(`RLFLEET_TOKEN` or `RLFLEET_TOKEN_FILE`); needed only when one is set"))],
-    security={SECURITY_SCHEME: []},
-)
+def _new_spec():
+    """spectree, made when the document is first asked for: importing it and decorating every
+    route cost the coordinator about 0.3 s of start-up, on the path to a run's first chunk.
+
+    `strict`: only routes decorated here are documented (not /metrics, nor this document).
+    `path` names spectree's own doc routes, which are never registered (`register` is not
+    called); it must not be empty, since spectree skips every route starting with
+    "/<path>"."""
+    from spectree import SecurityScheme, SecuritySchemeData, SpecTree  # noqa: PLC0415
+    from spectree.models import SecureType  # noqa: PLC0415
+
+    return SpecTree(
+        "flask", title="rlfleet coordinator", version=_version(), path="apidoc", mode="strict",
+        annotations=False, validation_error_model=ErrorBody,
+        # Components named as the models are (spectree appends a hash of the module by
+        # default): the wire schemas are one flat namespace, so names are unique, and clients
+        # read them.
+        naming_strategy=lambda model: model.__name__,
+        nested_naming_strategy=lambda _parent, child: child,
+        description="The coordinator's control plane. Every error answer is an `ErrorBody`.",
+        security_schemes=[SecurityScheme(name=SECURITY_SCHEME, data=SecuritySchemeData(
+            type=SecureType.HTTP, scheme="bearer", description="the cluster's token "
+            "(`RLFLEET_TOKEN` or `RLFLEET_TOKEN_FILE`); needed only when one is set"))],
+        security={SECURITY_SCHEME: []},
+    )
+
 
 # Why each error status is answered; an operation lists those it can give.
 ERROR_REASONS = {
@@ -72,23 +85,67 @@ def document(ok: type[BaseModel], *, body: type[BaseModel] | None = None,
              errors: Iterable[int] = (), status: int = 200, public: bool = False,
              path_params: dict[str, str] | None = None) -> Callable:
     """Describe a route: it answers `ok` with `status`, reads `body` (when given), and may
-    answer `errors` (plus 400 and 413 with a body, and 401 unless `public`)."""
+    answer `errors` (plus 400 and 413 with a body, and 401 unless `public`). Only marks the
+    function: spectree reads the marks when the document is first asked for."""
     codes = set(errors) | (set(BODY_ERRORS) if body is not None else set())
     if not public:
         codes.add(401)
-    resp = Response(**{f"HTTP_{status}": ok},
+    described = {"ok": ok, "body": body, "codes": codes, "status": status, "public": public,
+                 "path_params": path_params}
+
+    def mark(func: Callable) -> Callable:
+        setattr(func, _DOC_ATTR, described)
+        return func
+
+    return mark
+
+
+def _describe(spec, func: Callable) -> Callable:
+    """`func` as spectree's decorator would leave it (the view that is served stays as it
+    is: `shared.webapp.parse_body` validates, spectree only describes)."""
+    from spectree import Response  # noqa: PLC0415
+
+    d = getattr(func, _DOC_ATTR)
+    codes, status = d["codes"], d["status"]
+    resp = Response(**{f"HTTP_{status}": d["ok"]},
                     **{f"HTTP_{code}": (ErrorBody, ERROR_REASONS[code]) for code in codes})
     return spec.validate(
-        json=body, resp=resp, skip_validation=True, path_parameter_descriptions=path_params,
-        security={} if public else None,
+        json=d["body"], resp=resp, skip_validation=True,
+        path_parameter_descriptions=d["path_params"], security={} if d["public"] else None,
         # spectree adds its validation-error model under this status; point it at one the
         # operation documents anyway (as `ErrorBody`), so it adds no status that cannot occur.
-        validation_error_status=min(codes) if codes else status)
+        validation_error_status=min(codes) if codes else status)(func)
 
 
-def openapi_document() -> dict[str, Any]:
-    """The document for the current app (call it inside an app or request context)."""
-    doc = copy.deepcopy(spec.spec)
+_generated: dict[str, Any] | None = None
+_lock = threading.Lock()
+
+
+def _generate(app: Flask) -> dict[str, Any]:
+    """spectree's document of the documented routes of `app`, from a bare Flask app that
+    holds the same rules with the described views (spectree walks the current app)."""
+    from flask import Flask  # noqa: PLC0415
+
+    spec = _new_spec()
+    shadow = Flask("rlfleet-openapi")
+    for rule in app.url_map.iter_rules():
+        func = app.view_functions.get(rule.endpoint)
+        if func is None or not hasattr(func, _DOC_ATTR):
+            continue
+        shadow.add_url_rule(rule.rule, endpoint=rule.endpoint, view_func=_describe(spec, func),
+                            methods=sorted(rule.methods - {"HEAD", "OPTIONS"}))
+    with shadow.app_context():
+        return spec.spec
+
+
+def openapi_document(app: Flask) -> dict[str, Any]:
+    """The document of `app`'s routes, generated once per process (the routes are the
+    same in every coordinator app)."""
+    global _generated
+    with _lock:
+        if _generated is None:
+            _generated = _generate(app)
+    doc = copy.deepcopy(_generated)
     schemas = doc["components"]["schemas"]
     for operations in doc["paths"].values():
         for op in operations.values():

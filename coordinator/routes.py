@@ -110,7 +110,7 @@ def _rate_limited(err: RateLimited):
 @bp.get("/openapi.json")
 def openapi():
     """This API as an OpenAPI 3.1 document, generated from the pydantic wire schemas."""
-    return jsonify(openapi_document())
+    return jsonify(openapi_document(current_app))
 
 
 @bp.get("/health")

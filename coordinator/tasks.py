@@ -8,6 +8,7 @@ coordinator's snapshot, so a restarted coordinator hands the same tasks out agai
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -18,7 +19,14 @@ from pydantic import TypeAdapter
 from shared.schemas import CollectTask, EvaluateTask, LearnTask, Task, TaskKind, TaskState
 
 AnyTask = CollectTask | LearnTask | EvaluateTask
-_TASK = TypeAdapter(Task)
+
+
+@functools.cache
+def _task_adapter() -> TypeAdapter:
+    """Built on first use (a restore), not at import: the coordinator's start-up is on the
+    path to a run's first chunk."""
+    return TypeAdapter(Task)
+
 _LIVE = (TaskState.PENDING, TaskState.RUNNING, TaskState.UNASSIGNED)
 
 
@@ -153,7 +161,7 @@ class TaskTable:
         with self._lock:
             self._ids = itertools.count(int(saved.get("next_id", 1)))
             for item in saved.get("tasks", []):
-                rec = TaskRecord(_TASK.validate_python(item["task"]), item["worker_id"],
+                rec = TaskRecord(_task_adapter().validate_python(item["task"]), item["worker_id"],
                                  created_at=time.monotonic(), state=TaskState.UNASSIGNED,
                                  error="coordinator restarted",
                                  reassignments=int(item.get("reassignments", 0)))

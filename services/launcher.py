@@ -528,6 +528,8 @@ def up(args) -> int:
     console = Console(stderr=True)
     resume = getattr(args, "resume", False)
     config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
+    # Where start-up time goes, from the launch (`summary.json`: `startup_s`).
+    startup = {"config_checked": time.monotonic() - launched}
     cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice,
                            resume=resume, max_restarts=args.max_restarts)
     started = time.monotonic()
@@ -557,6 +559,7 @@ def up(args) -> int:
         for _ in range(args.collectors):
             cluster.add_collector()
         cluster.wait_coordinator()
+        startup["coordinator_answered"] = time.monotonic() - launched
         if resume and args.collectors_given:
             _wish_collectors(cluster.coordinator.url, args.collectors)
         poller = StatusPoller(cluster.coordinator.url, console.print)
@@ -610,6 +613,9 @@ def up(args) -> int:
     summary["first_chunk_s_from_launch"] = (
         round(first_chunk.seconds, 3) if first_chunk and first_chunk.seconds is not None
         else None)
+    if summary["first_chunk_s_from_launch"] is not None:
+        startup["first_chunk"] = summary["first_chunk_s_from_launch"]
+    summary["startup_s"] = {k: round(v, 3) for k, v in startup.items()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"summary: {run_dir / 'summary.json'}: solved={summary['solved']} "
                   f"eval_return={_fmt(summary['eval_return'])} env_steps={summary['env_steps']} "
