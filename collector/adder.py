@@ -203,6 +203,7 @@ class StorageAdder:
 
     def _report_loop(self) -> None:
         closing = False
+        failing = False
         while not closing:
             try:
                 item = self._q.get(timeout=0.5)  # on timeout, retry what is pending
@@ -226,7 +227,13 @@ class StorageAdder:
                     closing = True
                 else:
                     self._pending.append(more)
-            self._send()
+            try:
+                self._send()
+                failing = False
+            except Exception:  # kept for the next try: a dead reporter would stall collection
+                if not failing:  # once per streak, not every half second
+                    log.exception("reporting chunks failed unexpectedly (kept for the next try)")
+                failing = True
 
     def _send(self) -> None:
         task_id = self.task_id()

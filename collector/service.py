@@ -6,7 +6,9 @@ the network.
 
 A storage outage never ends the loop: the adder holds chunks it could not write (collection
 pauses when it holds `max_held_chunks`), and a policy check that fails keeps the policy at
-hand until storage answers again.
+hand until storage answers again. Nor does a coordinator outage (killed, restarting, restored
+from its snapshot): every request to it that fails, however it fails on the wire, is an
+`HttpError`, which the loop rides out, and the reporter keeps what it could not announce.
 
 Start-up: torch takes 2-3 s to import, longer than everything else a collector does before its
 first chunk. It loads in a background thread from the process's start. Where the algorithm
@@ -200,8 +202,20 @@ class CollectorService(WorkerService):
                 self.agent.end_task(self.task.task_id, self.error)
             self.fail()
 
+    def _config(self) -> RunConfig | None:
+        """The run's config. The loop starts on a pushed task, which can come before the
+        registration's answer that brings the config; if the coordinator died in between, the
+        answer comes from its restarted process, however long that takes: no time limit to
+        crash on, only closing (then None)."""
+        while not self.configured.wait(0.5):
+            if self._closing.is_set():
+                return None
+        return self.wait_config(0)
+
     def _run(self) -> None:
-        cfg = self.wait_config()
+        cfg = self._config()
+        if cfg is None:
+            return
         assert self.task is not None
         # A short retry window: during an outage the adder holds chunks and the envs go on,
         # rather than the whole loop waiting inside one write.

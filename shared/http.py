@@ -1,9 +1,11 @@
 """HTTP client for the control plane: JSON in, pydantic out, timeouts and retries always.
 
 Retries cover what a restart or a busy coordinator looks like from outside (connection
-refused, reset, 502/503/504, 429 with Retry-After); anything else (a 4xx) is raised at once as
-`HttpError` carrying the server's JSON error, because sending the same bad body again cannot
-help (a 401 included: a wrong token stays wrong).
+refused, reset, an answer cut off mid-body, 502/503/504, 429 with Retry-After); anything else
+(a 4xx) is raised at once as `HttpError` carrying the server's JSON error, because sending the
+same bad body again cannot help (a 401 included: a wrong token stays wrong). Whatever goes
+wrong on the wire ends as `HttpError` once retries run out, never as a `requests` exception:
+callers ride out an unreachable peer by catching that one type.
 
 Every client carries the cluster's token (`shared.auth.load_token()` unless given), so every
 role, the CLI and the benches reach a guarded cluster without each call site knowing.
@@ -27,6 +29,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T", bound=BaseModel)
 
 _RETRY_STATUS = {429, 502, 503, 504}
+# The connection failed: refused, reset, timed out, or closed part-way through the answer
+# (`ChunkedEncodingError`: the headers arrived, then the peer died before the body did; a
+# server writes the two separately, so a SIGKILLed coordinator can leave exactly that).
+_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout,
+                     requests.exceptions.ChunkedEncodingError)
 
 
 class HttpError(RuntimeError):
@@ -95,7 +102,7 @@ class HttpClient:
                     headers["Accept"] = accept[0]
                 resp = self.session.request(method, url, data=data, headers=headers or None,
                                             timeout=timeout_s or self.timeout_s)
-            except (requests.ConnectionError, requests.Timeout) as err:
+            except _TRANSPORT_ERRORS as err:
                 last, last_status = f"{type(err).__name__}: {err}", None
             else:
                 if resp.status_code < 400:
