@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from shared.algos.adam import FusedAdam
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: type[nn.Module] = nn.ReLU
@@ -48,7 +52,7 @@ def sum_gradients(params: list[torch.nn.Parameter], reducer, extra: list[torch.T
         torch._foreach_mul_(grads, scale)
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim."
+def optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam, prefix: str = "optim."
                     ) -> dict[str, torch.Tensor]:
     """An optimiser's per-parameter tensors and step counts as a flat tensor dict, so a
     checkpoint is plain safetensors (no pickle)."""
@@ -59,8 +63,8 @@ def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim."
     return out
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, torch.Tensor],
-                         prefix: str = "optim.") -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam,
+                         state: dict[str, torch.Tensor], prefix: str = "optim.") -> None:
     current = optimizer.state_dict()
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in state.items():

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from shared.algos.adam import FusedAdam
 from shared.algos.base import ActOutput, LearnOutput, Reducer
 from shared.algos.nets import (
     clip_grad_norm,
@@ -133,7 +134,7 @@ class PPO:
         self.spec = spec
         self.net = ActorCritic(spec, cfg.hidden_sizes, cfg.init_log_std)
         self._params = list(self.net.parameters())
-        self._optimizer: torch.optim.Optimizer | None = None  # see `optimizer`
+        self._optimizer: torch.optim.Optimizer | FusedAdam | None = None  # see `optimizer`
         # Sampling and minibatch shuffling draw from a generator of their own, so a seed gives
         # the same actions however much other code touches torch's global generator.
         self.gen = torch.Generator().manual_seed(seed)
@@ -142,17 +143,16 @@ class PPO:
         self.reducer: Reducer | None = None
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Made on first use: only a learner ever steps it, and building any torch optimizer
-        imports torch._dynamo and sympy (about 70 MB and a second of CPU), which a collector,
-        acting only, must not pay. eps 1e-5 as in CleanRL; fused: one kernel over all
-        parameters, about a quarter off each learn round's time on CPU."""
+    def optimizer(self) -> torch.optim.Optimizer | FusedAdam:
+        """Made on first use: only a learner ever steps it. eps 1e-5 as in CleanRL.
+        `FusedAdam` is torch's fused Adam kernel without `torch.optim` (which imports
+        torch._dynamo and sympy: 70 MB in every learner); see `shared/algos/adam.py`."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self._params, lr=self.cfg.lr, eps=1e-5, fused=True)
+            self._optimizer = FusedAdam(self._params, lr=self.cfg.lr, eps=1e-5)
         return self._optimizer
 
     @optimizer.setter
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+    def optimizer(self, optimizer: torch.optim.Optimizer | FusedAdam) -> None:
         """A subclass may bring its own (for a network of its own)."""
         self._optimizer = optimizer
 
