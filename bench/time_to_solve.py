@@ -4,7 +4,9 @@ For each seed, the whole cluster runs as local processes (`rlfleet up`, a subpro
 the coordinator's evaluation reaches the config's stop value (475), then the single-process
 runner (`services.single.run_single`: the same rollout, buffers, batching and policy code
 wired by function calls, no HTTP and no storage) trains the same config with the same seed in this
-process. Their ratio is the cost of distribution on this machine, measured in the same run.
+process, stepping as many envs as the cluster's collectors together (`env.num_envs` x
+collectors; see `single_config`). Their ratio is the cost of distribution on this machine,
+measured in the same run.
 
     python bench/time_to_solve.py --algo dqn|ppo [--seeds 0 1 2] [--collectors 2]
                                   [--storage DIR_OR_REDIS_URL]
@@ -178,11 +180,25 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
         else None, lead_batches=lead, policy_lag=lag)
 
 
-def run_single_process(config: Path, seed: int) -> SingleResult:
-    from services.single import run_single
-    from shared.config import load_config
+def single_config(config: Path, seed: int, collectors: int):
+    """The config the single process runs: the cluster's, with as many envs as all of the
+    cluster's collectors step together (`env.num_envs` is per collector). How many envs
+    step side by side changes how much a DQN learns per env step (on CartPole, 8 envs in one
+    process needed 55k-72k env steps where 4 needed 12k-65k), so the two sides compare
+    like with like."""
+    from shared.config import load_config, parse_config
 
-    res = run_single(load_config(config).with_overrides(seed=seed))
+    cfg = load_config(config)
+    data = cfg.model_dump()
+    data["seed"] = seed
+    data["env"]["num_envs"] = cfg.env.num_envs * collectors
+    return parse_config(data, f"{config} for the single process")
+
+
+def run_single_process(config: Path, seed: int, collectors: int) -> SingleResult:
+    from services.single import run_single
+
+    res = run_single(single_config(config, seed, collectors))
     return SingleResult(seed=seed, solved=res.solved,
                         solve_s=res.wall_seconds if res.solved else None,
                         t195_s=res.solved_195_s, env_steps=res.env_steps,
@@ -332,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"seed {seed}: cluster {c.outcome}: t→{stop_value:g} {fmt(c.run_s, '.1f', ' s')} "
             f"(wall {fmt(c.wall_s, '.1f', ' s')}), t→195 {fmt(c.t195_s, '.1f', ' s')}, "
             f"{fmt(c.env_steps, ',')} env steps")
-        log(f"seed {seed}: single process...")
-        s = run_single_process(config, seed)
+        log(f"seed {seed}: single process ({args.collectors} x env.num_envs envs)...")
+        s = run_single_process(config, seed, args.collectors)
         singles.append(s)
         log(f"seed {seed}: single {'solved' if s.solved else 'not solved'}: "
             f"t→{stop_value:g} {fmt(s.solve_s, '.1f', ' s')}, t→195 {fmt(s.t195_s, '.1f', ' s')}"
