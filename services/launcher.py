@@ -60,7 +60,12 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass  # not Linux: Ctrl-C and normal exits still stop children
-    os.setsid()
+    # A process group of its own, so a terminal's Ctrl-C reaches the launcher only (which
+    # stops the children in order), but not a session of its own: Linux's scheduler gives
+    # every session (autogroup) an equal share of the CPU whatever its niceness, so with one
+    # session per child a niced collector or torch import took as much CPU as the learner's
+    # training thread or the coordinator's start.
+    os.setpgid(0, 0)
 
 
 class ChildFailed(RuntimeError):
@@ -147,7 +152,9 @@ class LocalCluster:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        # No stdin: a child is in the terminal's session, in a background process group.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=self.env,
                                 preexec_fn=functools.partial(_child_setup, nice),
                                 cwd=os.getcwd())
         log.close()
