@@ -86,8 +86,7 @@ class InProcessServer:
             self.server.stop()
             self.service.close()
         if self.fatal:
-            role = getattr(self.service, "role", None)
-            log.error("%s stopped after a fatal error", getattr(role, "value", "coordinator"))
+            log.error("%s stopped after a fatal error", self.app.name)
         return 1 if self.fatal else 0
 
 

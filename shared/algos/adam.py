@@ -8,10 +8,10 @@ goes through those wrappers (about 0.14 ms of a 0.5-2 ms update of a small netwo
 project's machines). A learner on a small machine is the cluster's bottleneck.
 
 `state_dict()` has `torch.optim.Adam`'s layout (per-parameter `step`, `exp_avg`,
-`exp_avg_sq`; `param_groups` with `lr`), so checkpoints written with either load into the
-other, and code that reads `param_groups[0]["lr"]` or sets it works unchanged. One parameter
-group, no weight decay, no AMSGrad: what the built-in algorithms use. A user policy may bring
-any `torch.optim` optimizer instead (`policy.optimizer = ...`).
+`exp_avg_sq`; `param_groups` with `lr`, `betas`, `eps`), so checkpoints written with either
+load into the other, and code that reads `param_groups[0]["lr"]` or sets it works unchanged.
+One parameter group, no weight decay, no AMSGrad: what the built-in algorithms use. A user
+policy may bring any `torch.optim` optimizer instead (`policy.optimizer = ...`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ class FusedAdam:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.params = list(params)
         self.param_groups: list[dict[str, Any]] = [{
-            "params": self.params, "lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0,
-            "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
-            "differentiable": False, "fused": True, "decoupled_weight_decay": False}]
+            "params": self.params, "lr": lr, "betas": betas, "eps": eps}]
         # Per parameter, made at its first step (as torch.optim does): step, exp_avg, exp_avg_sq.
         self.state: dict[int, dict[str, torch.Tensor]] = {}
 
