@@ -1,10 +1,11 @@
 """How `rlfleet up` starts and what its processes hold: one process per role, torch only where
 something acts or learns (never in the launcher or the coordinator), and the first chunk
-placed on the launcher's clock in summary.json (`first_chunk_s_from_launch`)."""
+placed on the launcher's clock in summary.json (`first_chunk_s_from_launch`, `startup_s`)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .helpers import proc_cmdline, proc_ppid, small_config, wait_for
@@ -53,6 +54,11 @@ def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp
     for role in ("coordinator", "learner", "collector"):
         for pid in by_role[role]:
             assert proc_ppid(pid) == up.proc.pid, f"{role} {pid} is not the launcher's child"
+            # In the launcher's session (Linux's autogroup scheduling shares the CPU equally
+            # among sessions whatever their niceness), in a process group of its own (a
+            # terminal's Ctrl-C reaches the launcher alone).
+            assert os.getsid(pid) == os.getsid(up.proc.pid), f"{role} {pid}: own session"
+            assert os.getpgid(pid) == pid, f"{role} {pid} shares a process group"
     [coordinator] = by_role["coordinator"]
     assert not maps_torch(up.proc.pid), "the launcher imported torch"
     assert not maps_torch(coordinator), "the coordinator imported torch"
@@ -67,4 +73,9 @@ def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp
     # The launcher starts before the coordinator, which starts before the first chunk.
     assert from_launch >= from_coordinator > 0
     assert from_launch <= summary["wall_seconds"]
+    # Where start-up time went, each from the launch. (The launcher sees the coordinator
+    # answer when its polling does, which on a loaded machine may be after the first chunk.)
+    startup = summary["startup_s"]
+    assert 0 < startup["config_checked"] < min(startup["coordinator_answered"], from_launch)
+    assert startup["first_chunk"] == from_launch
     up.assert_no_orphans()
