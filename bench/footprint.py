@@ -70,27 +70,27 @@ class Sample:
 
 
 def describe(proc: psutil.Process, parent_cmd: list[str] | None) -> tuple[str, str]:
-    """(role, name) from the command line: `python -m services.cli <role> ... --worker-id N`.
-    A process whose parent runs the same command line is a forked server worker."""
+    """(role, name) from the command line: `python -m services.cli <role> ... --worker-id N`
+    for an exec'd child, `rlfleet <role> ...` for a child `rlfleet up` forked (its title). A
+    process with its parent's command line is a fork that has not taken its title yet."""
     try:
-        cmd = proc.cmdline()
+        cmd = " ".join(proc.cmdline()).split()  # a title is one string, padded with NULs
     except psutil.Error:
         return "other", str(proc.pid)
     role = "other"
-    if "services.cli" in cmd:
-        i = cmd.index("services.cli")
-        role = cmd[i + 1] if i + 1 < len(cmd) else "other"
+    for i, arg in enumerate(cmd[:-1]):
+        if arg == "services.cli" or Path(arg).name == "rlfleet":
+            role = cmd[i + 1]
+            break
     if role not in ROLES:
         return "other", f"{Path(cmd[0]).name if cmd else '?'} {proc.pid}"
     name = role
-    if "--worker-id" in cmd:
+    if "--worker-id" in cmd[:-1]:
         name = cmd[cmd.index("--worker-id") + 1]
     if role == "up":
         name = "rlfleet up"
-    if parent_cmd == cmd:  # the launcher forks to check the config; gunicorn, its worker
-        name += " (config check, forked)" if role == "up" else " (forked worker)"
-    elif any(c.cmdline() == cmd for c in _children(proc)):
-        name += " (server master)"
+    if parent_cmd is not None and " ".join(parent_cmd).split() == cmd:
+        name += " (forked, starting)"
     return role, name
 
 

@@ -11,7 +11,9 @@ from its snapshot): every request to it that fails, however it fails on the wire
 `HttpError`, which the loop rides out, and the reporter keeps what it could not announce.
 
 Start-up: torch takes 2-3 s to import, longer than everything else a collector does before its
-first chunk. It loads in a background thread from the process's start. Where the algorithm
+first chunk. It loads in a background thread, once the first chunk is in (an import holds the
+GIL, and a nicer thread holding it kept the registration and the first chunk waiting), or as
+soon as the loop needs it. Where the algorithm
 would itself act uniformly at random at the run's start (`random_warmup_steps`: the built-in
 DQN from epsilon 1, before its first update), the loop does not wait for it: it acts uniformly
 at random, its chunks saying policy version -1 (no published policy acted), until torch and
@@ -21,6 +23,7 @@ the real policy are there, as SB3's and Dopamine's random warm-up steps do. Anyt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -108,8 +111,27 @@ def _nicer(steps: int) -> None:
         pass
 
 
+def _load_torch_library() -> None:
+    """Map torch's main shared library before `import torch` does. An import holds the GIL
+    throughout, and the dynamic loader's work on libtorch_cpu (a third of a second, more on a
+    busy core) held up every other thread of the collector: on a nicer thread, its
+    registration and first chunk waited behind a thread the scheduler kept waiting (a
+    priority inversion). ctypes releases the GIL while it loads; the import then finds the
+    library loaded. Nothing changes where it cannot be found."""
+    import ctypes
+    from importlib.util import find_spec
+
+    spec = find_spec("torch")
+    if spec is None or spec.origin is None:
+        return
+    path = os.path.join(os.path.dirname(spec.origin), "lib", "libtorch_cpu.so")
+    if os.path.exists(path):
+        with contextlib.suppress(OSError):  # the import will say what is wrong
+            ctypes.CDLL(path)
+
+
 class TorchLoader:
-    """Imports torch (and what needs it) in a background thread from the process's start,
+    """Imports torch (and what needs it) in a background thread, begun by `start` or `wait`,
     with one intra-op thread (shared with env stepping on a small machine, more threads only
     contend). `ready` is set when done; an import error is kept and raised by `wait`.
 
@@ -122,11 +144,18 @@ class TorchLoader:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._load, name="torch-import", daemon=True)
-        self._thread.start()
+        self._started = threading.Lock()
+
+    def start(self) -> None:
+        """Begin loading (once; `wait` begins it too)."""
+        with self._started:
+            if self._thread.ident is None:
+                self._thread.start()
 
     def _load(self) -> None:
         try:
             _nicer(IMPORT_NICE)
+            _load_torch_library()
             import torch
 
             import collector.weights  # noqa: F401 - its import needs torch
@@ -138,6 +167,7 @@ class TorchLoader:
             self.ready.set()
 
     def wait(self, timeout: float | None = None) -> bool:
+        self.start()
         if not self.ready.wait(timeout):
             return False
         if self.error is not None:
@@ -275,6 +305,8 @@ class CollectorService(WorkerService):
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
                           chunk.episode_return_components)
+                if adder.chunks_reported:  # the first chunk is in: torch may have the GIL
+                    self.torch.start()
                 self.env_steps = rollout.env_steps
                 self.chunks_written = adder.chunks_written
                 self.chunks_reported = adder.chunks_reported

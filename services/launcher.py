@@ -3,12 +3,13 @@ interrupted.
 
 Each role is its own process running the same `rlfleet <role>` command a container runs, on a
 free loopback port. All start at once: workers register themselves (retrying until the
-coordinator answers), so nothing waits for another process's imports, and the launcher never
-imports torch (`check_run_config(build=False)`; a config that names code by import path is
-checked by a `rlfleet check` child). Children get their own session (Ctrl-C reaches only the
-launcher, which then stops them in order: workers first, so they can leave cleanly, then the
-coordinator) and a parent-death signal (if the launcher is killed outright, they die with it:
-no orphans).
+coordinator answers). The first children are forks of the launcher, which has imported what
+they need once (`services/forking.py`); later ones (restarts, scaling) exec. The launcher
+never imports torch (`check_run_config(build=False)`; a config that names code by import path
+is checked by a `rlfleet check` child). Children get a process group of their own (Ctrl-C
+reaches only the launcher, which then stops them in order: workers first, so they can leave
+cleanly, then the coordinator) and a parent-death signal (if the launcher is killed outright,
+they die with it: no orphans).
 
 The launcher supervises its children the way compose's `restart:` or a Kubernetes Deployment
 does, so a local run survives what a deployed one survives: a child that exits on
@@ -37,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from services.cli import free_port
+from services.forking import ForkedChild, can_fork, fork_role, preload
 from shared.config import ConfigError, RunConfig, load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
@@ -48,7 +50,7 @@ MAX_RESTART_DELAY_S = 8.0
 
 
 def _child_setup(nice: int) -> None:
-    """Runs in the child between fork and exec."""
+    """Runs in the child right after the fork (before exec, or before the role's code)."""
     if nice:
         os.nice(nice)
     _die_with_parent()
@@ -76,7 +78,7 @@ class ChildFailed(RuntimeError):
 class Child:
     name: str
     role: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedChild
     log_path: Path
     port: int
     # What it was started with, so the supervisor can start it again alike.
@@ -126,8 +128,12 @@ def restart_delay(restarts: int) -> float:
 
 class LocalCluster:
     def __init__(self, config_path: Path, run_dir: Path, storage: str,
-                 collector_nice: int = 0, resume: bool = False, max_restarts: int = 0) -> None:
+                 collector_nice: int = 0, resume: bool = False, max_restarts: int = 0,
+                 fork: bool = False) -> None:
         self.collector_nice = collector_nice
+        # Fork children from this process while it can (`services/forking.py`): only a
+        # launcher of its own should (a test's process holds torch and threads).
+        self.fork = fork
         self.resume = resume
         self.max_restarts = max_restarts
         self.restarts: Counter[str] = Counter()  # by child name
@@ -150,13 +156,19 @@ class LocalCluster:
         """Start one process; its output goes to <run-dir>/logs/<name>.log (appended, so a
         restarted child continues the same log)."""
         log_path = self.log_dir / f"{name}.log"
+        # The port and the worker id first: a forked child's title (its command line in
+        # `ps`) is cut to the launcher's length, and these name it.
+        argv = [role, "--port", str(port), *args]
+        setup = functools.partial(_child_setup, nice)
+        if self.fork and can_fork():
+            preload(role)
+            return Child(name, role, fork_role(argv, log_path, self.env, setup), log_path, port,
+                         args, nice)
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
-        cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
         # No stdin: a child is in the terminal's session, in a background process group.
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=self.env,
-                                preexec_fn=functools.partial(_child_setup, nice),
-                                cwd=os.getcwd())
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *argv],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env, preexec_fn=setup, cwd=os.getcwd())
         log.close()
         return Child(name, role, proc, log_path, port, args, nice)
 
@@ -213,7 +225,7 @@ class LocalCluster:
         first is `learner`, then `learner-2`, `learner-3`, ..."""
         self._learner_seq += 1
         name = "learner" if self._learner_seq == 1 else f"learner-{self._learner_seq}"
-        return self._spawn(name, "learner", [*self._worker_args(), "--worker-id", name],
+        return self._spawn(name, "learner", ["--worker-id", name, *self._worker_args()],
                            free_port())
 
     def learners(self) -> list[Child]:
@@ -223,7 +235,7 @@ class LocalCluster:
     def add_collector(self) -> Child:
         self._collector_seq += 1
         name = f"collector-{self._collector_seq}"
-        return self._spawn(name, "collector", [*self._worker_args(), "--worker-id", name],
+        return self._spawn(name, "collector", ["--worker-id", name, *self._worker_args()],
                            free_port(), nice=self.collector_nice)
 
     def exited(self) -> list[Child]:
@@ -340,14 +352,16 @@ def names_code(cfg: RunConfig) -> bool:
 
 
 def check_config(cfg: RunConfig, path: Path | str) -> None:
-    """`check_run_config` without torch, gymnasium or anyone's code in this process, which
-    then watches the run for its whole length at a few tens of MB: a built-in algorithm on a
-    gymnasium env is checked without building it, by a forked child (gymnasium and numpy
-    stay in the child); a config that names code by import path is built by a `rlfleet check`
-    child (that code may import torch). Either child's one-line error becomes ours. Raises
-    `ConfigError`."""
+    """`check_run_config` without torch or anyone's code in this process, which then watches
+    the run for its whole length. A built-in algorithm on a gymnasium env is checked here
+    without building the policy: the env's module, gymnasium and numpy are what the forked
+    collectors need anyway (`services/forking.py`). A config that names code by import path
+    is built by a `rlfleet check` child (that code may import torch), whose one-line error
+    becomes ours. Raises `ConfigError`."""
     if not names_code(cfg):
-        _check_in_fork(cfg)
+        from shared.algos.base import check_run_config
+
+        check_run_config(cfg, build=False)
         return
     done = subprocess.run([sys.executable, "-m", "services.cli", "check", "--config",
                            str(path)], capture_output=True, text=True, cwd=os.getcwd())
@@ -357,42 +371,6 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
             raise ConfigError(text.removeprefix("rlfleet check: "))
         last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
         raise ConfigError(f"building what {path} names failed: {last}")
-
-
-def _check_in_fork(cfg: RunConfig) -> None:
-    """`check_run_config(cfg, build=False)` in a forked child (this process has no threads
-    yet); its `ConfigError` comes back through a pipe."""
-    if not hasattr(os, "fork"):  # not POSIX: check here
-        from shared.algos.base import check_run_config
-
-        check_run_config(cfg, build=False)
-        return
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: check, say what is wrong, exit without cleanup handlers
-        code = 0
-        try:
-            os.close(read_end)
-            from shared.algos.base import check_run_config
-
-            check_run_config(cfg, build=False)
-        except ConfigError as err:
-            os.write(write_end, str(err).encode())
-            code = 2
-        except BaseException as err:  # noqa: BLE001 - reported by the parent
-            os.write(write_end, f"{type(err).__name__}: {err}".encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        message = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code == 2:
-        raise ConfigError(message)
-    if code != 0:
-        raise ConfigError(f"checking the config failed: {message or f'exit code {code}'}")
 
 
 def _resolve(args) -> tuple[Path, Path, str, dict]:
@@ -538,7 +516,7 @@ def up(args) -> int:
     # Where start-up time goes, from the launch (`summary.json`: `startup_s`).
     startup = {"config_checked": time.monotonic() - launched}
     cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice,
-                           resume=resume, max_restarts=args.max_restarts)
+                           resume=resume, max_restarts=args.max_restarts, fork=True)
     started = time.monotonic()
     status: dict | None = None
     poller: StatusPoller | None = None
@@ -565,6 +543,9 @@ def up(args) -> int:
             cluster.add_learner()
         for _ in range(args.collectors):
             cluster.add_collector()
+        # Later children (restarts, scaling) exec: a fresh process for a crashed one, and this
+        # process now holds connections and, with the progress display, a thread.
+        cluster.fork = False
         cluster.wait_coordinator()
         startup["coordinator_answered"] = time.monotonic() - launched
         if resume and args.collectors_given:

@@ -112,9 +112,10 @@ class WorkerAgent:
         """Register, then heartbeat. Until the first registration, one attempt every
         `FIRST_REGISTER_INTERVAL_S`: workers start beside the coordinator rather than after
         it, and the first chunk waits for the first registration. A coordinator that does
-        not answer then is said once every `QUIET_S`, not at every attempt."""
+        not answer then is said once every `QUIET_S`, not at every attempt, and not before
+        `QUIET_S` has passed: starting beside it, the first attempts fail as a rule."""
         interval = FIRST_REGISTER_INTERVAL_S
-        said = float("-inf")
+        said = time.monotonic()
         while not self._closing.is_set():
             try:
                 if self.info is None:

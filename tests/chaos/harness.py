@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from integration.helpers import Up, proc_cmdline, wait_for
+from integration.helpers import Up, proc_cmdline, role_of, wait_for
 
 API = "/api/v1"
 
@@ -33,7 +33,7 @@ class Run:
         out = []
         for pid in self.up.descendants():
             cmd = proc_cmdline(pid) + " "
-            if f"services.cli {role} " not in cmd:
+            if role_of(pid) != role:
                 continue
             if worker_id is not None and f"--worker-id {worker_id} " not in cmd:
                 continue

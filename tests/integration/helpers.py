@@ -119,6 +119,17 @@ def proc_cmdline(pid: int) -> str:
         return ""
 
 
+def role_of(pid: int) -> str | None:
+    """The rlfleet command a process runs: the word after `services.cli` (an exec'd child,
+    `python -m services.cli <role> ...`) or after `rlfleet` (the console script, or a child
+    forked by `rlfleet up`, titled `rlfleet <role> ...`); None for anything else."""
+    args = proc_cmdline(pid).split()
+    for i, arg in enumerate(args[:-1]):
+        if arg == "services.cli" or Path(arg).name == "rlfleet":
+            return args[i + 1]
+    return None
+
+
 def proc_ppid(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from .helpers import proc_cmdline, proc_ppid, small_config, wait_for
+from .helpers import proc_ppid, role_of, small_config, wait_for
 
 MAX_ENV_STEPS = 6_000
 
@@ -18,13 +18,6 @@ def maps_torch(pid: int) -> bool:
         return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return False
-
-
-def role_of(pid: int) -> str | None:
-    args = proc_cmdline(pid).split()
-    if "services.cli" not in args:
-        return None
-    return args[args.index("services.cli") + 1]
 
 
 def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp_path: Path):

@@ -274,8 +274,8 @@ def test_the_coordinator_comes_back_on_its_port_with_resume_after_its_back_off(
         again = restart.child
         assert cluster.coordinator is again and cluster.children == [again]
         assert again.port == first.port
-        assert proc_cmdline(again.proc.pid).split()[-3:] == ["--resume", "--port",
-                                                             str(first.port)]
+        args = proc_cmdline(again.proc.pid).split()
+        assert args[-1] == "--resume" and args[args.index("--port") + 1] == str(first.port)
         wait_for(lambda: requests.get(f"{again.url}/health", timeout=2).json()["ok"], 60,
                  "the restarted coordinator to answer on its old port")
         _kill_group(again.proc.pid)

@@ -315,3 +315,33 @@ def test_an_absent_wandb_never_fails_the_run(tmp_path: Path, monkeypatch: pytest
     _log_a_few(tmp_path)
     (warning,) = warnings_about(caplog, "wandb")
     assert "cannot import wandb" in warning and "ModuleNotFoundError" in warning
+
+
+def test_records_logged_while_tensorboard_opens_all_arrive_in_order(tmp_path: Path) -> None:
+    """TensorBoard opens on a thread of its own (the coordinator's start does not wait for
+    its import): what is logged at once is kept and written first, after the purge event."""
+    cfg = make_cfg(tensorboard=True, train=ScopeConfig(every_env_steps=0))
+    with RunLogger(tmp_path, cfg, "early") as logger:
+        for step in range(200):
+            logger.log("train", step, {"train/loss": step / 10})
+    assert tb_scalars(tmp_path, "train/loss") == [(s, pytest.approx(s / 10)) for s in range(200)]
+    _next_second()
+    with RunLogger(tmp_path, cfg, "early", resume_step=99) as logger:
+        for step in range(100, 150):
+            logger.log("train", step, {"train/loss": -1.0})
+    loss = tb_scalars(tmp_path, "train/loss")
+    assert [s for s, _ in loss] == list(range(150))   # 100..199 of the first run purged
+    assert [v for _, v in loss][100:] == [-1.0] * 50
+
+
+def test_tensorboard_that_cannot_open_costs_only_tensorboard(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "tb").write_text("a file where the event directory should be")
+    cfg = make_cfg(tensorboard=True, train=ScopeConfig(every_env_steps=0))
+    with caplog.at_level(logging.ERROR, logger=SCOPE_LOGGER), \
+            RunLogger(tmp_path, cfg, "no-tb") as logger:
+        for step in range(5):
+            assert logger.log("train", step, {"train/loss": 1.0})
+    assert steps_of(read_jsonl(tmp_path), "train") == list(range(5))
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "TensorBoard is off" in errors[0] and "tb" in errors[0]

@@ -1,0 +1,97 @@
+"""Roles started in a forked copy of a launcher (`services/forking.py`), against real
+children: a coordinator that serves on a loopback port, a status command that reads its
+environment, a role that fails on its arguments. The forks run from a fresh interpreter (a
+driver script), as they do from `rlfleet up`: pytest's own process holds torch and threads,
+which is exactly what must never be forked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+DRIVER = r'''
+import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request
+from pathlib import Path
+
+from services.cli import free_port
+from services.forking import can_fork, fork_role, preload
+
+atexit.register(lambda: print("launcher atexit ran in", os.getpid(), flush=True))
+tmp = Path(sys.argv[1])
+out = {"launcher": os.getpid(), "can_fork": can_fork()}
+env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def setup():
+    os.setpgid(0, 0)
+
+
+# A role that fails on its arguments: exit code 2 and its one line in the log.
+out["bad"] = fork_role(["coordinator"], tmp / "bad.log", env, setup).wait(60)
+
+# A real coordinator, forked with its modules preloaded.
+preload("coordinator")
+port = free_port()
+coord = fork_role(["coordinator", "--config", sys.argv[2], "--run-dir", str(tmp / "run"),
+                   "--port", str(port)], tmp / "coordinator.log", env, setup)
+url = f"http://127.0.0.1:{port}"
+deadline = time.monotonic() + 60
+while True:
+    try:
+        urllib.request.urlopen(url + "/health", timeout=1).read()
+        break
+    except OSError:
+        assert coord.poll() is None and time.monotonic() < deadline, "coordinator never answered"
+        time.sleep(0.05)
+out["cmdline"] = open(f"/proc/{coord.pid}/cmdline").read().replace("\0", " ").strip()
+out["pgid"] = os.getpgid(coord.pid) == coord.pid
+try:
+    coord.wait(0.05)
+    out["timeout"] = False
+except subprocess.TimeoutExpired:
+    out["timeout"] = True
+
+# The environment given is the child's: `rlfleet status` finds the coordinator through it.
+status = fork_role(["status"], tmp / "status.log", {**env, "RLFLEET_COORDINATOR": url}, setup)
+out["status"] = status.wait(60)
+
+coord.terminate()
+out["coordinator"] = coord.wait(60)
+killed = fork_role(["coordinator", "--config", sys.argv[2], "--run-dir", str(tmp / "run2"),
+                    "--port", str(free_port())], tmp / "killed.log", env, setup)
+time.sleep(0.2)
+killed.kill()
+out["killed"] = killed.wait(60)
+threading.Thread(target=time.sleep, args=(0.5,)).start()
+out["can_fork_with_thread"] = can_fork()
+print(json.dumps(out), flush=True)
+'''
+
+
+def test_forked_roles_behave_as_exec_ones(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path),
+                           str(REPO / "configs" / "cartpole-dqn.yaml")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    out = json.loads(lines[-2])
+    assert out["can_fork"] and not out["can_fork_with_thread"]
+    # Only the launcher runs its own exit work; a child never returns into its code.
+    assert lines[-1] == f"launcher atexit ran in {out['launcher']}"
+    assert sum("atexit" in line for line in lines) == 1 and len(lines) == 2, lines
+
+    assert out["bad"] == 2
+    assert "rlfleet coordinator: coordinator needs --config" in (tmp_path / "bad.log").read_text()
+
+    assert out["cmdline"].startswith("rlfleet coordinator --config")   # its title
+    assert out["pgid"] and out["timeout"]
+    assert out["status"] == 0
+    assert "cartpole-dqn" in (tmp_path / "status.log").read_text()
+    assert out["coordinator"] == 0                       # SIGTERM: a clean stop
+    assert (tmp_path / "run" / "storage").is_dir()
+    assert "rlfleet.coordinator" in (tmp_path / "coordinator.log").read_text()
+    assert out["killed"] == -9
