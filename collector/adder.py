@@ -152,7 +152,7 @@ class StorageAdder:
     # -- writing held chunks ----------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        delay = RETRY_FIRST_S
+        delay, unexpected = RETRY_FIRST_S, False
         while not self._abandon.is_set():
             with self._cond:
                 self._cond.wait_for(lambda: self._held or self._abandon.is_set())
@@ -161,13 +161,16 @@ class StorageAdder:
                 held = self._held[0]
             try:
                 self.storage.put_chunk(held.chunk_id, held.blob)
-            except StorageError as err:
+            except Exception as err:  # any error: a dead writer would stall collection
+                if not isinstance(err, StorageError) and not unexpected:  # once a streak
+                    log.exception("writing a held chunk failed unexpectedly (kept, retried)")
+                unexpected = not isinstance(err, StorageError)
                 self._write_failed(err)
                 if self._abandon.wait(delay):
                     return
                 delay = min(RETRY_MAX_S, delay * 2)
                 continue
-            delay = RETRY_FIRST_S
+            delay, unexpected = RETRY_FIRST_S, False
             self._recovered()
             with self._cond:  # announced in write order: add() writes only when none held
                 self._held.popleft()
@@ -180,7 +183,7 @@ class StorageAdder:
         self._unreported += 1
         self._q.put(meta)
 
-    def _write_failed(self, err: StorageError) -> None:
+    def _write_failed(self, err: Exception) -> None:
         with self._cond:
             self.write_failures += 1
             first = not self._outage

@@ -256,6 +256,10 @@ class CollectorService(WorkerService):
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s,
                              max_held_chunks=cfg.collector.max_held_chunks)
+        # Where the run is (a restart mid-run): exploration goes on from there, and the
+        # random warm-up, which belongs to the run's start, is not played again.
+        if self.agent.info is not None:
+            adder.global_env_steps = max(adder.global_env_steps, self.agent.info.env_steps)
         self.adder = adder
         if self._closing.is_set():  # closed while starting: an add() must not wait for room
             adder.halt()

@@ -184,7 +184,8 @@ class Coordinator:
         return RegisterResponse(
             worker_id=worker.worker_id, run_name=self.cfg.name, storage=self.storage_url,
             config=self.cfg.model_dump(mode="json"),
-            heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s)
+            heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s,
+            env_steps=self.env_steps)
 
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
         worker = self.members.heartbeat(worker_id, req.status)

@@ -84,6 +84,9 @@ class RegisterResponse(Response):
     storage: str
     config: dict[str, Any]
     heartbeat_interval_s: float
+    # The run's env steps so far: a collector (re)started mid-run explores from there, not
+    # from the schedule's start (nor at random as at the run's start).
+    env_steps: int = Field(default=0, ge=0)
 
 
 class HeartbeatRequest(Request):

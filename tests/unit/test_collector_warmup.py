@@ -68,3 +68,52 @@ def test_acting_at_random_needs_no_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_collector_joining_mid_run_explores_from_the_runs_steps_not_at_random(
+        coordinator, task_sink, tmp_path: Path):
+    """The random warm-up belongs to the run's start: a collector (re)started after it is
+    told the run's env steps when it registers, and acts with the real policy from there."""
+    from collector.adder import StorageAdder
+    from collector.service import CollectorService
+    from shared.http import HttpClient
+    from shared.schemas import CollectTask, TaskEnvelope
+    from shared.storage.directory import DirectoryStorage
+
+    from .helpers import register, wait_for, wait_running
+
+    c = coordinator()
+    first = task_sink()
+    worker_id = register(c, "collector", first)["worker_id"]
+    task_id = first.wait_task("collect")["task_id"]
+    wait_running(c, task_id)
+    store = DirectoryStorage(c.storage_dir)
+    client = HttpClient(c.url, timeout_s=5, retries=2)
+    adder = StorageAdder(store, client, lambda: worker_id, lambda: task_id,
+                         report_interval_s=0.02)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # 384 env steps: past the test config's min_size of 256
+        n = 128
+        adder.add({"obs": rng.standard_normal((n, 4)).astype(np.float32),
+                   "action": rng.integers(0, 2, n), "reward": np.ones(n, np.float32),
+                   "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
+                   "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool)},
+                  -1, [], [])
+    assert adder.flush(timeout=10)
+    adder.close(timeout=5)
+    client.close()
+
+    sink = task_sink()
+    service = CollectorService(c.url, sink.url)
+    try:
+        service.agent._register(retries=0)
+        assert service.agent.info.env_steps == 384
+        task = CollectTask.model_validate(sink.wait_task("collect"))
+        service.accept(TaskEnvelope(task=task))
+        wait_for(lambda: service.chunks_reported >= 2, timeout_s=60,
+                 what="the new collector's chunks")
+        assert service.random_steps == 0, "acted at random after the run's warm-up"
+        assert service.adder is not None and service.adder.global_env_steps >= 384
+    finally:
+        service.close()
+        sink.close()

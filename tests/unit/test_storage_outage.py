@@ -28,6 +28,7 @@ from shared.config import parse_config
 from shared.envs import env_spec
 from shared.http import HttpClient
 from shared.storage import RedisStorage, StorageError
+from shared.storage.directory import DirectoryStorage
 
 from .helpers import closed_port, make_config, register, wait_for, wait_running
 
@@ -280,3 +281,46 @@ def test_the_collector_service_rides_out_a_failed_policy_check(
     finally:
         service.close()
         store.close()
+
+
+class _FlakyDirectory(DirectoryStorage):
+    """A real directory whose next chunk writes fail as scripted (an exception each)."""
+
+    def __init__(self, root: Path, failures: list[Exception]) -> None:
+        super().__init__(root)
+        self.failures = failures
+
+    def put_chunk(self, chunk_id: str, blob: bytes) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        super().put_chunk(chunk_id, blob)
+
+
+def test_the_adder_writer_outlives_an_unexpected_error(tmp_path: Path, coordinator, task_sink,
+                                                        caplog: pytest.LogCaptureFixture):
+    """Only `StorageError` is expected of storage; anything else (a bug, a driver's own
+    error) must not end the thread that writes held chunks: collection would stall for good,
+    with the collector still heartbeating, so nothing would restart it."""
+    c = coordinator()
+    sink = task_sink()
+    worker_id = register(c, "collector", sink)["worker_id"]
+    task_id = sink.wait_task("collect")["task_id"]
+    wait_running(c, task_id)
+    store = _FlakyDirectory(tmp_path / "store", [StorageError("down"), RuntimeError("bug"),
+                                                 RuntimeError("bug again")])
+    client = HttpClient(c.url, timeout_s=5, retries=2)
+    adder = StorageAdder(store, client, lambda: worker_id, lambda: task_id,
+                         report_interval_s=0.02, max_held_chunks=4)
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlfleet.collector"):
+            added = [adder.add(_arrays(4, i), -1, [], []) for i in range(3)]
+            wait_for(lambda: adder.chunks_reported == 3, timeout_s=10,
+                     what="every chunk written and announced")
+        assert set(store.list_chunks()) == set(added)
+        assert adder.write_failures == 3 and not store.failures
+        assert c.status()["counters"]["chunks_accepted"] == 3
+        assert caplog.text.count("writing a held chunk failed unexpectedly") == 1
+        assert adder.close(timeout=5)
+    finally:
+        adder.close(timeout=1)
+        client.close()
