@@ -38,6 +38,7 @@ import psutil  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench.common import REPO_ROOT, clear_storage, emit, fmt, is_redis, log, print_tables  # noqa: E402
+from services.forking import role_in  # noqa: E402
 
 GOAL_PSS_MB = 800.0
 MB = 1024 * 1024
@@ -77,11 +78,7 @@ def describe(proc: psutil.Process, parent_cmd: list[str] | None) -> tuple[str, s
         cmd = " ".join(proc.cmdline()).split()  # a title is one string, padded with NULs
     except psutil.Error:
         return "other", str(proc.pid)
-    role = "other"
-    for i, arg in enumerate(cmd[:-1]):
-        if arg == "services.cli" or Path(arg).name == "rlfleet":
-            role = cmd[i + 1]
-            break
+    role = role_in(cmd) or "other"
     if role not in ROLES:
         return "other", f"{Path(cmd[0]).name if cmd else '?'} {proc.pid}"
     name = role

@@ -47,6 +47,17 @@ PRELOAD: dict[str, tuple[str, ...]] = {
 }
 
 
+def role_in(cmdline: list[str]) -> str | None:
+    """The rlfleet command a process runs, from its command line: the word after
+    `services.cli` (an exec'd child, `python -m services.cli <role> ...`) or after `rlfleet`
+    (the console script, or a forked child's title `rlfleet <role> ...`, which is one string:
+    split it first). None for anything else."""
+    for i, arg in enumerate(cmdline[:-1]):
+        if arg == "services.cli" or Path(arg).name == "rlfleet":
+            return cmdline[i + 1]
+    return None
+
+
 def can_fork() -> bool:
     """Whether a fork of this process gives a sound child: a POSIX system, no thread but
     this one, and no torch loaded."""

@@ -75,8 +75,7 @@ class TensorBoardWriter:
         self._lock = threading.Lock()
         self._pending: list[tuple[int, float, dict[str, float]]] = []
         self._writer: Any = None
-        self._failed = False
-        self._opened = threading.Event()
+        self._opened = threading.Event()  # set, with no writer: it could not open
         threading.Thread(target=self._open, args=(log_dir, purge_step),
                          name="tensorboard-open", daemon=True).start()
 
@@ -95,16 +94,15 @@ class TensorBoardWriter:
         except Exception as err:
             log.error("TensorBoard is off for this run: cannot open %s: %s", log_dir, err)
             with self._lock:
-                self._failed = True
                 self._pending.clear()
-            self._opened.set()
+                self._opened.set()
             return
         with self._lock:
             for step, wall_time, scalars in self._pending:
                 self._add(writer, step, wall_time, scalars)
             self._pending.clear()
             self._writer = writer
-        self._opened.set()
+            self._opened.set()
 
     def _add(self, writer: Any, step: int, wall_time: float,
              scalars: Mapping[str, float]) -> None:
@@ -118,7 +116,7 @@ class TensorBoardWriter:
         with self._lock:
             if self._writer is not None:
                 self._add(self._writer, step, wall_time, scalars)
-            elif not self._failed:
+            elif not self._opened.is_set():
                 self._pending.append((step, wall_time, dict(scalars)))
 
     def flush(self) -> None:

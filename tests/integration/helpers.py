@@ -23,6 +23,7 @@ import pytest
 import requests
 import yaml
 
+from services.forking import role_in
 from services.launcher import Child
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,14 +121,8 @@ def proc_cmdline(pid: int) -> str:
 
 
 def role_of(pid: int) -> str | None:
-    """The rlfleet command a process runs: the word after `services.cli` (an exec'd child,
-    `python -m services.cli <role> ...`) or after `rlfleet` (the console script, or a child
-    forked by `rlfleet up`, titled `rlfleet <role> ...`); None for anything else."""
-    args = proc_cmdline(pid).split()
-    for i, arg in enumerate(args[:-1]):
-        if arg == "services.cli" or Path(arg).name == "rlfleet":
-            return args[i + 1]
-    return None
+    """The rlfleet command a process runs (`services.forking.role_in`), None if none."""
+    return role_in(proc_cmdline(pid).split())
 
 
 def proc_ppid(pid: int) -> int | None:

@@ -39,14 +39,21 @@ port = free_port()
 coord = fork_role(["coordinator", "--config", sys.argv[2], "--run-dir", str(tmp / "run"),
                    "--port", str(port)], tmp / "coordinator.log", env, setup)
 url = f"http://127.0.0.1:{port}"
-deadline = time.monotonic() + 60
-while True:
-    try:
-        urllib.request.urlopen(url + "/health", timeout=1).read()
-        break
-    except OSError:
-        assert coord.poll() is None and time.monotonic() < deadline, "coordinator never answered"
-        time.sleep(0.05)
+
+
+def answers(child, url):
+    """Wait, with a deadline, until the child serves `url`/health."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return
+        except OSError:
+            assert child.poll() is None and time.monotonic() < deadline, "never answered"
+            time.sleep(0.05)
+
+
+answers(coord, url)
 out["cmdline"] = open(f"/proc/{coord.pid}/cmdline").read().replace("\0", " ").strip()
 out["pgid"] = os.getpgid(coord.pid) == coord.pid
 try:
@@ -61,13 +68,18 @@ out["status"] = status.wait(60)
 
 coord.terminate()
 out["coordinator"] = coord.wait(60)
+port = free_port()
 killed = fork_role(["coordinator", "--config", sys.argv[2], "--run-dir", str(tmp / "run2"),
-                    "--port", str(free_port())], tmp / "killed.log", env, setup)
-time.sleep(0.2)
+                    "--port", str(port)], tmp / "killed.log", env, setup)
+answers(killed, f"http://127.0.0.1:{port}")
 killed.kill()
 out["killed"] = killed.wait(60)
-threading.Thread(target=time.sleep, args=(0.5,)).start()
+release = threading.Event()
+other = threading.Thread(target=release.wait)
+other.start()
 out["can_fork_with_thread"] = can_fork()
+release.set()
+other.join()
 print(json.dumps(out), flush=True)
 '''
 
