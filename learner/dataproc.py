@@ -15,6 +15,9 @@ The data process imports no torch (0.3 s and ~60 MB, not 2 s and ~250 MB). It re
 settings as one JSON line on stdin and exits when stdin closes, so it never outlives the
 learner. Its stdout carries only messages; its log goes to stderr, the learner's log.
 
+It also stores the policy versions the learner publishes (`learner/weight_relay.py`), which
+takes their encoding and writing off the training process's GIL.
+
     python -m learner.dataproc   # started by `DataProcess`, never by hand
 """
 
@@ -38,6 +41,7 @@ from typing import IO, Any
 import numpy as np
 
 from learner.sampling import DEFAULT_FIELDS, SampleLoop, part_rows
+from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
 from shared.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
@@ -191,11 +195,16 @@ class ShmWriter(SampleLoop):
             self.out.write(json.dumps(message) + "\n")
             self.out.flush()
 
-    def listen(self, inbox: IO[str]) -> None:
-        """Slots handed back, until stdin closes (the learner closed us, or died)."""
+    def listen(self, inbox: IO[str], relay: WeightRelay) -> None:
+        """Slots handed back and policy versions to store, until stdin closes (the learner
+        closed us, or died)."""
         for line in inbox:
             with contextlib.suppress(ValueError, KeyError, TypeError):
-                self.free.put(int(json.loads(line)["free"]))
+                message = json.loads(line)
+                if "publish" in message:
+                    relay.submit(message)
+                else:
+                    self.free.put(int(message["free"]))
         self._closing.set()
 
     def release(self) -> None:
@@ -221,7 +230,8 @@ def main() -> int:
         mix=[MixShare(**m) for m in settings["mix"]] if settings["mix"] else None,
         group_generation=settings["group_generation"], cursor=settings["cursor"],
         depth=settings["depth"], out=out)
-    threading.Thread(target=writer.listen, args=(sys.stdin,), name="inbox",
+    relay = WeightRelay(storage, writer.send)
+    threading.Thread(target=writer.listen, args=(sys.stdin, relay), name="inbox",
                      daemon=True).start()
     try:
         writer.on_change()  # ready: the learner waits for this first message
@@ -231,6 +241,7 @@ def main() -> int:
         if not writer._closing.is_set():
             log.warning("data process ends: %s", err)
     finally:
+        relay.end()  # the version the learner handed over last is stored or refused
         writer.release()
         storage.close()
         client.close()
@@ -272,6 +283,9 @@ class DataProcess:
         self._started = threading.Event()
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
+        self._stdin_lock = threading.Lock()  # the training and the publish thread write
+        self.relay: RelayClient | None = None
+        self._ended: str | None = None
 
     def start(self) -> DataProcess:
         root = str(Path(__file__).resolve().parents[1])
@@ -280,9 +294,9 @@ class DataProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "learner.dataproc"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env, cwd=root)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps(self.settings) + "\n")
-        self._proc.stdin.flush()
+        self._send(self.settings)
+        self.relay = RelayClient(WeightRegion(SHM_DIR, f"rlfleet-dp-{self._proc.pid}-w-"),
+                                 self._send, lambda: self._ended)
         self._reader = threading.Thread(target=self._read, name="data-inbox", daemon=True)
         self._reader.start()
         if not self._started.wait(self.start_timeout_s):
@@ -301,11 +315,16 @@ class DataProcess:
             except ValueError:
                 log.warning("data process: not a message: %r", line[:200])
                 continue
+            if message["kind"] == "published":
+                assert self.relay is not None
+                self.relay.reply(message)
+                continue
             self._mirror(message["state"])
             if message["kind"] == "batches":
                 self.ready.put(message)
             self._started.set()
         code = self._proc.wait()
+        self._ended = f"the data process has exited (code {code})"
         if code != 0:
             self.exited = f"the data process exited with code {code}"
             log.warning("%s", self.exited)
@@ -369,11 +388,21 @@ class DataProcess:
         if self._held is None or self._proc is None or self._proc.stdin is None:
             return
         held, self._held = self._held, None
-        try:
-            self._proc.stdin.write(json.dumps({"free": held}) + "\n")
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self._send({"free": held})  # if it fails, the data process exited: `get` says so
+
+    def _send(self, message: dict) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        with self._stdin_lock:
+            self._proc.stdin.write(json.dumps(message) + "\n")
             self._proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # exited: `get` reports it
+
+    def put_weights(self, version: int, state: Mapping[str, Any],
+                    metadata: Mapping[str, str]) -> None:
+        """Store a policy version through the data process (`learner/weight_relay.py`)."""
+        if self.relay is None:
+            raise RelayUnavailable("the data process has not started")
+        self.relay.put_weights(version, state, metadata)
 
     def close(self, wait: bool = True) -> None:
         """End the data process (it ends its loop when its stdin closes); `wait=False`
@@ -381,7 +410,7 @@ class DataProcess:
         proc = self._proc
         if proc is None:
             return
-        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError), self._stdin_lock:
             assert proc.stdin is not None
             proc.stdin.close()  # the data process ends its loop
         if not wait:
@@ -399,6 +428,8 @@ class DataProcess:
             proc.wait(timeout=5)
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self.relay is not None:
+            self.relay.close()
         for region in self._maps.values():
             with contextlib.suppress(BufferError):  # tensors still viewing it: GC frees it
                 region.close()

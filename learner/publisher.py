@@ -7,6 +7,9 @@ training thread only hands over a copy of the policy's tensors; this thread enco
 writes it. When versions come faster than storage takes them, the newest pending state wins:
 collectors only ever want the latest policy, and version numbers stay consecutive because a
 number is given when a state is written, not when it is handed over.
+
+While the learner has a data process, the write itself happens there (`route`,
+`learner/weight_relay.py`): this thread then only copies a state into shared memory.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from shared.codec import encode_weights
+from learner.weight_relay import RelayUnavailable
+from shared.codec import decode_weights, encode_weights
 from shared.storage import Storage, StorageError, VersionConflict
 
 log = logging.getLogger("rlfleet.learner")
+
+PutWeights = Callable[[int, Mapping[str, torch.Tensor], Mapping[str, str]], None]
 
 
 class PublishConflict(RuntimeError):
@@ -45,6 +51,8 @@ class Publisher:
         self.failure: PublishConflict | None = None
         self._stopped = False
         self._gave_up = False  # the last write was abandoned: storage out while closing
+        self._route: PutWeights | None = None
+        self.relayed = 0           # versions the route stored
 
     def attach(self, storage: Storage, version: int) -> None:
         """Write to `storage` from now on, the next version being `version + 1`."""
@@ -56,6 +64,13 @@ class Publisher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
                 self._thread.start()
+
+    def route(self, put: PutWeights | None) -> None:
+        """Store versions through `put` (a data process's `put_weights`) from the next
+        write on; None stores them from this thread. A write `put` cannot make
+        (`RelayUnavailable`) is made here."""
+        with self._cond:
+            self._route = put
 
     def submit(self, state: Mapping[str, torch.Tensor], train_iterations: int) -> None:
         """Hand over a state to publish (the caller must not change its tensors: pass a copy,
@@ -131,10 +146,9 @@ class Publisher:
         t0 = time.perf_counter()
         delay = 0.1
         while True:
-            blob = encode_weights(state, {"policy_version": str(version),
-                                          "train_iterations": str(iterations)})
             try:
-                storage.put_weights(version, blob)
+                self._store(storage, version, state, {"policy_version": str(version),
+                                                      "train_iterations": str(iterations)})
                 break
             except VersionConflict as err:
                 with self._cond:
@@ -158,3 +172,35 @@ class Publisher:
             self.written += 1
             self._gave_up = False
         self.seconds += time.perf_counter() - t0
+
+    def _store(self, storage: Storage, version: int, state: dict[str, torch.Tensor],
+               metadata: dict[str, str]) -> None:
+        with self._cond:
+            route = self._route
+        if route is not None:
+            try:
+                route(version, state, metadata)
+                self.relayed += 1
+                return
+            except RelayUnavailable as err:
+                log.info("policy version %d is stored by the learner: %s", version, err)
+                try:
+                    storage.put_weights(version, encode_weights(state, metadata))
+                except VersionConflict:
+                    if not _holds(storage, version, state, metadata):
+                        raise
+                return
+        storage.put_weights(version, encode_weights(state, metadata))
+
+
+def _holds(storage: Storage, version: int, state: Mapping[str, torch.Tensor],
+           metadata: Mapping[str, str]) -> bool:
+    """Storage holds this very version already: the data process stored it and died before
+    it could say so. (safetensors orders the metadata as it likes, so compare contents, not
+    bytes.)"""
+    got = storage.get_weights(version)
+    if got is None:
+        return False
+    tensors, meta = decode_weights(got[1])
+    return meta == dict(metadata) and tensors.keys() == state.keys() and all(
+        torch.equal(tensors[k], state[k].detach().cpu()) for k in state)

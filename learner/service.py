@@ -356,6 +356,8 @@ class LearnerService(WorkerService):
         """Train until the run ends (True) or the generation does (False)."""
         assert self.assignment is not None
         self.prefetcher = prefetcher = self._feed(cfg, storage)
+        if isinstance(prefetcher, DataProcess):
+            self.publisher.route(prefetcher.put_weights)
         reporter = Reporter(self.agent.client)
         interval = cfg.learner.learn_info_interval_s
         step_metrics: dict[str, Any] = {}
@@ -400,7 +402,8 @@ class LearnerService(WorkerService):
             reporter.close()  # what it still holds goes out before the final report
             self._mark_best(reporter)
             # Without waiting for the data process (it may be in a sample request for a
-            # second): the final version and report go out first.
+            # second): the final version and report go out first, stored by this process.
+            self.publisher.route(None)
             prefetcher.close(wait=False)
 
     def _feed(self, cfg: RunConfig, storage: Storage) -> Prefetcher | DataProcess:
@@ -527,6 +530,7 @@ class LearnerService(WorkerService):
                            "publish_s": round(self.publish_s, 3),
                            "publish_thread_s": round(self.publisher.seconds, 3)},
                 "versions_superseded": self.publisher.superseded,
+                "versions_relayed": self.publisher.relayed,
                 "dropped_sample_responses": (self.prefetcher.dropped_responses
                                              if self.prefetcher else 0),
                 "learn_rounds": self.learn_rounds,
