@@ -3,6 +3,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+GAMES  := $(VENV)/.games-stamp
 PYTHON ?= python3.11
 
 .PHONY: install up test test-all lint bench clean
@@ -13,16 +14,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+# The tests also cover the extras (`games`): installed on top, so `make up` stays lean.
+$(GAMES): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games]'
+	@touch $(GAMES)
+
 install: $(STAMP)
 
 up: $(STAMP)
 	$(VENV)/bin/rlfleet up --config configs/cartpole-dqn.yaml --collectors 2
 
-test: $(STAMP)
+test: $(GAMES)
 	@bash .ci/ensure-redis
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(GAMES)
 	@bash .ci/ensure-redis
 	$(PY) -m pytest -q -m ''
 
