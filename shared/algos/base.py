@@ -12,7 +12,10 @@ Data conventions (what `learn` receives, as torch tensors with one row per trans
   env's block of rows stops), so the row after a cut row does not follow it in time;
 - whatever `act` returned in `ActOutput.extras`, one value per row (PPO: `log_prob`, `value`);
 - `bootstrap_value` when `bootstrap` returns values: V(next_obs) on cut rows that did not
-  terminate, 0 elsewhere.
+  terminate, 0 elsewhere;
+- in games with illegal moves: `action_mask` (the legal actions at `obs`, bool, one column
+  per action) and `next_action_mask` (at `next_obs`). Collectors pass the same mask to `act`
+  and `act_eval` as `mask=`; an algorithm that supports masks never returns an illegal action.
 Off-policy algorithms (`on_policy = False`) get minibatches sampled from replay buffers,
 possibly with importance weights; on-policy ones get whole chunks concatenated (each chunk's
 rows in order) from a queue buffer, once each.
@@ -82,11 +85,13 @@ class Policy(Protocol):
     version: int            # policy version the acting side holds (-1: none yet)
     train_iterations: int   # gradient steps taken by the learning side
 
-    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
+    def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None
+            ) -> ActOutput:
         """Actions with exploration; `env_step` is the run's global env step count, for
-        schedules such as epsilon decay."""
+        schedules such as epsilon decay; `mask` (n, n_actions) bool: the legal actions."""
 
-    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True,
+                 mask: np.ndarray | None = None) -> np.ndarray:
         """Actions for evaluation: greedy/mean when deterministic, sampled otherwise."""
 
     def bootstrap(self, obs: np.ndarray) -> np.ndarray | None:

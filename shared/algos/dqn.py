@@ -3,6 +3,10 @@
 Acting is epsilon-greedy, epsilon decaying linearly over the run's global env steps;
 evaluation is greedy (deterministic) or epsilon-greedy with `eval_epsilon` (stochastic).
 
+Games with illegal moves pass an action mask: acting (greedy and random alike) only picks
+legal actions, and the target's max runs over the next state's legal actions
+(`next_action_mask`), so Q-values of moves that cannot be made never leak into targets.
+
 In a learner group each rank holds an equal shard of the batch; averaging the ranks' gradients
 of their shard means is the gradient of the whole batch's mean, so the step (clipping
 included, since it runs after the average) is the one a single learner would take.
@@ -38,6 +42,16 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.flatten(1))
+
+
+def masked_q(q: torch.Tensor, mask: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+    """Q-values with illegal actions at -inf (rows without a legal action, a finished game's
+    next state, are left as they are: their target is cut by `terminated` anyway)."""
+    if mask is None:
+        return q
+    legal = torch.as_tensor(mask, dtype=torch.bool)
+    legal = legal | ~legal.any(dim=1, keepdim=True)
+    return q.masked_fill(~legal, float("-inf"))
 
 
 def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
@@ -90,28 +104,39 @@ class DQN:
         c = self.cfg
         return linear_epsilon(env_step, c.eps_start, c.eps_end, c.eps_decay_steps)
 
-    def _greedy(self, obs: np.ndarray) -> np.ndarray:
+    def _greedy(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
             q = self.q(torch.as_tensor(obs, dtype=torch.float32))
-        return q.argmax(dim=1).numpy()
+            return masked_q(q, mask).argmax(dim=1).numpy()
 
-    def _epsilon_greedy(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+    def _random(self, n: int, mask: np.ndarray | None) -> np.ndarray:
+        if mask is None:
+            return self.rng.integers(self.spec.n_actions, size=n)
+        # A uniform legal action per row: the largest of random scores over legal actions.
+        scores = np.where(mask, self.rng.random(mask.shape), -1.0)
+        return scores.argmax(axis=1)
+
+    def _epsilon_greedy(self, obs: np.ndarray, epsilon: float,
+                        mask: np.ndarray | None = None) -> np.ndarray:
         n = obs.shape[0]
         explore = self.rng.random(n) < epsilon
         if explore.all():
-            return self.rng.integers(self.spec.n_actions, size=n)
-        actions = self._greedy(obs)
+            return self._random(n, mask)
+        actions = self._greedy(obs, mask)
         if explore.any():
-            actions[explore] = self.rng.integers(self.spec.n_actions, size=int(explore.sum()))
+            actions[explore] = self._random(int(explore.sum()),
+                                            None if mask is None else mask[explore])
         return actions
 
-    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
-        return ActOutput(self._epsilon_greedy(obs, self.epsilon(env_step)))
+    def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None
+            ) -> ActOutput:
+        return ActOutput(self._epsilon_greedy(obs, self.epsilon(env_step), mask))
 
-    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True,
+                 mask: np.ndarray | None = None) -> np.ndarray:
         if deterministic:
-            return self._greedy(obs)
-        return self._epsilon_greedy(obs, self.cfg.eval_epsilon)
+            return self._greedy(obs, mask)
+        return self._epsilon_greedy(obs, self.cfg.eval_epsilon, mask)
 
     def bootstrap(self, obs: np.ndarray) -> None:
         return None  # one-step targets come from next_obs in the learner
@@ -135,7 +160,8 @@ class DQN:
 
         # Double DQN target: the online net picks the next action, the target net values it.
         with torch.no_grad():
-            next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
+            next_action = masked_q(self.q(next_obs), batch.get("next_action_mask")).argmax(
+                dim=1, keepdim=True)
             next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
             target = reward + self.cfg.gamma * not_done * next_q
 

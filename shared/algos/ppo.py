@@ -162,6 +162,16 @@ class PPO:
 
     # -- acting -----------------------------------------------------------------------------
 
+    def _masked(self, head: torch.Tensor, mask: torch.Tensor | np.ndarray | None
+                ) -> torch.Tensor:
+        """Logits of illegal actions at a large negative number (not -inf: the entropy's
+        p log p must stay 0, not nan), so they are never sampled and carry no gradient."""
+        if mask is None or not self.spec.discrete:
+            return head
+        legal = torch.as_tensor(mask, dtype=torch.bool)
+        legal = legal | ~legal.any(dim=1, keepdim=True)
+        return head.masked_fill(~legal, -1e9)
+
     def _sample(self, head: torch.Tensor) -> torch.Tensor:
         if self.spec.discrete:
             return torch.multinomial(torch.softmax(head, dim=1), 1, generator=self.gen).squeeze(1)
@@ -174,21 +184,25 @@ class PPO:
             return action.numpy().astype(np.int64, copy=False)
         return action.reshape(-1, *self.spec.action_shape).numpy()
 
-    def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
-        """Sampled actions with their log-probs and V(obs), both float32 (n,)."""
+    def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None
+            ) -> ActOutput:
+        """Sampled actions with their log-probs and V(obs), both float32 (n,); only legal
+        ones under `mask`."""
         with torch.inference_mode():
             x = torch.as_tensor(obs, dtype=torch.float32)
-            head = self.net.head(x)
+            head = self._masked(self.net.head(x), mask)
             action = self._sample(head)
             log_prob, _ = self.net.log_prob_entropy(head, action)
             value = self.net.value(x)
         return ActOutput(self._to_actions(action),
                          {"log_prob": log_prob.numpy(), "value": value.numpy()})
 
-    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True,
+                 mask: np.ndarray | None = None) -> np.ndarray:
         """The most likely action (argmax, or the Gaussian's mean) or a sample."""
         with torch.inference_mode():
-            head = self.net.head(torch.as_tensor(obs, dtype=torch.float32))
+            head = self._masked(self.net.head(torch.as_tensor(obs, dtype=torch.float32)),
+                                mask)
             if not deterministic:
                 action = self._sample(head)
             else:
@@ -246,6 +260,9 @@ class PPO:
         obs = batch["obs"].float()
         action = batch["action"] if self.spec.discrete else batch["action"].float()
         old_log_prob = batch["log_prob"].float()
+        mask = batch.get("action_mask")
+        if mask is not None:
+            mask = mask.bool()
 
         offset, total = self._rows_before_and_total(rows)
         if total == 0:
@@ -258,7 +275,7 @@ class PPO:
                 mine = idx[(idx >= offset) & (idx < offset + rows)] - offset
                 totals += self._update(obs[mine], action[mine], old_log_prob[mine],
                                        old_value[mine], advantages[mine], returns[mine],
-                                       int(idx.numel()))
+                                       int(idx.numel()), None if mask is None else mask[mine])
         means = totals / (c.epochs * n_minibatches)
         metrics: dict[str, torch.Tensor | float] = dict(zip(METRICS, means.unbind(0),
                                                             strict=True))
@@ -293,12 +310,13 @@ class PPO:
 
     def _update(self, obs: torch.Tensor, action: torch.Tensor, old_log_prob: torch.Tensor,
                 old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                size: int) -> torch.Tensor:
+                size: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One gradient step on one minibatch of `size` rows (this rank holds the rows
         given); its METRICS as one detached tensor, the same on every rank."""
         c = self.cfg
         group = self.reducer is not None and self.reducer.world_size > 1
-        log_prob, entropy = self.net.log_prob_entropy(self.net.head(obs), action)
+        log_prob, entropy = self.net.log_prob_entropy(
+            self._masked(self.net.head(obs), mask), action)
         value = self.net.value(obs)
 
         log_ratio = log_prob - old_log_prob
