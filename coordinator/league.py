@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared.config import LeagueConfig
+
 MAIN = "main"
 Outcome = Literal["win", "draw", "loss"]
 OUTCOMES: tuple[Outcome, ...] = ("win", "draw", "loss")
@@ -134,27 +136,14 @@ class Ratings:
 
 # -- the league -----------------------------------------------------------------------------
 
-@dataclass
-class LeagueSettings:
-    """How the league grows and whom the main player meets (the run config's `league:`)."""
-
-    bots: list[str] = field(default_factory=lambda: ["random"])
-    snapshot_every_versions: int = 100   # a snapshot every K policy versions...
-    snapshot_win_rate: float = 0.7       # ...or once main beats the newest one this often
-    snapshot_min_games: int = 50         # (over at least this many games)
-    max_snapshots: int = 20              # the oldest leave the pool first
-    self_play_fraction: float = 0.2      # games against itself, the rest by PFSP
-    weighting: str = "hard"
-    power: float = 2.0
-    rating_history: int = 500            # rating points kept per player, for plots
-
-
 class League:
     """The players and their record. Thread-safe: HTTP threads read it while task
     assignment and result reports change it."""
 
-    def __init__(self, settings: LeagueSettings | None = None) -> None:
-        self.settings = settings or LeagueSettings()
+    def __init__(self, settings: LeagueConfig | None = None, rating_history: int = 500
+                 ) -> None:
+        self.settings = settings or LeagueConfig()
+        self.rating_history = rating_history  # rating points kept per player, for plots
         if self.settings.weighting not in PFSP_WEIGHTINGS:
             raise ValueError(f"league.weighting must be one of {sorted(PFSP_WEIGHTINGS)}, "
                              f"not {self.settings.weighting!r}")
@@ -192,7 +181,7 @@ class League:
             for p in (a, b):
                 p.games += 1
                 p.ratings.append((self.games, p.mu, p.sigma))
-                del p.ratings[:-self.settings.rating_history]
+                del p.ratings[:-self.rating_history]
 
     def add_snapshot(self, version: int) -> str:
         """Freeze policy `version` as a player; it starts from the main player's rating."""

@@ -281,6 +281,30 @@ class CoordinatorConfig(_Frozen):
         return self
 
 
+BUILT_IN_BOTS = {"random": None, "perfect": ("tictactoe_v3",)}  # bot -> the games it plays
+
+
+class LeagueConfig(_Frozen):
+    """Self-play: `env.id` is a two-player game and the main player meets a league of its
+    past snapshots and fixed bots (`coordinator/league.py`)."""
+
+    bots: tuple[str, ...] = Field(("random",), description="fixed opponents: 'random', "
+                                  "'perfect' (tictactoe_v3), or 'package.module:make_bot'")
+    snapshot_every_versions: int = Field(100, ge=1, description="a snapshot of the main "
+                                         "player joins the league every K policy versions")
+    snapshot_win_rate: float = Field(0.7, gt=0, le=1, description="...or once it wins this "
+                                     "share of its games against the newest snapshot")
+    snapshot_min_games: int = Field(50, ge=1, description="games against the newest snapshot "
+                                    "before its win rate counts")
+    max_snapshots: int = Field(20, ge=1, description="the oldest snapshots leave beyond this")
+    self_play_fraction: float = Field(0.2, ge=0, le=1, description="share of games against "
+                                      "itself; the rest by PFSP")
+    weighting: Literal["hard", "variance", "linear", "uniform"] = Field(
+        "hard", description="PFSP weighting of the main player's win rate p: hard (1-p)^power, "
+        "variance p(1-p), linear 1-p, uniform")
+    power: float = Field(2.0, gt=0, description="the exponent of the hard weighting")
+
+
 class RunConfig(_Frozen):
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = 0
@@ -297,6 +321,8 @@ class RunConfig(_Frozen):
     coordinator: CoordinatorConfig = CoordinatorConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    league: LeagueConfig | None = Field(None, description="self-play on a two-player game "
+                                        "(absent: a single-agent gymnasium env)")
     storage: str | None = Field(None, description="directory path or redis://host:port/db; "
                                 "default: <run-dir>/storage")
 
@@ -356,7 +382,27 @@ class RunConfig(_Frozen):
         problem = self.group_problem(self.learner.count)
         if problem:
             raise ValueError(f"learner.count={self.learner.count}: {problem}")
+        if self.league is not None:
+            self._check_league(self.league)
         return self
+
+    def _check_league(self, league: LeagueConfig) -> None:
+        """What can be checked without importing the game (`check_run_config` builds it)."""
+        if self.env.id not in ("tictactoe_v3", "connect_four_v3") and ":" not in self.env.id:
+            raise ValueError(f"env.id={self.env.id!r}: a league plays a two-player game: "
+                             "'tictactoe_v3', 'connect_four_v3' or 'package.module:make_env' "
+                             "(a PettingZoo AEC env)")
+        for bot in league.bots:
+            if bot in BUILT_IN_BOTS:
+                games = BUILT_IN_BOTS[bot]
+                if games is not None and self.env.id not in games:
+                    raise ValueError(f"league.bots: {bot!r} plays only {list(games)}, not "
+                                     f"{self.env.id!r}")
+            elif ":" not in bot:
+                raise ValueError(f"league.bots: {bot!r} is not a bot: use one of "
+                                 f"{sorted(BUILT_IN_BOTS)} or 'package.module:make_bot'")
+        if len(set(league.bots)) != len(league.bots):
+            raise ValueError("league.bots: each bot once")
 
     def group_problem(self, learners: int) -> str | None:
         """Why a learner group of this size cannot split this config's work, or None."""

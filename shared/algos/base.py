@@ -178,7 +178,17 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
     from shared.envs import env_spec
 
     try:
-        spec = env_spec(cfg.env)
+        if cfg.league is not None:
+            from shared.games.match import GameError, game_spec
+
+            try:
+                spec = game_spec(cfg.env.id, cfg.env.kwargs)
+            except GameError as err:
+                raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
+        else:
+            spec = env_spec(cfg.env)
+    except ConfigError:
+        raise
     except ImportPathError as err:
         raise ConfigError(str(err)) from None
     except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs

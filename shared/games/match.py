@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared.envs import EnvSpec
+
 Outcome = Literal["win", "draw", "loss"]
 Actor = Callable[[np.ndarray, np.ndarray], int]  # (observation, action mask) -> action
 
@@ -48,6 +50,27 @@ def make_game(env_id: str, **kwargs: Any) -> Any:
         raise GameError(f"env id {env_id!r} is not a two-player AEC env "
                         f"(possible_agents: {agents})")
     return env
+
+
+def game_spec(env_id: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """What a policy needs to know to play `env_id`: the shape of one side's observation
+    and the number of actions (the same for both sides)."""
+    env = make_game(env_id, **(kwargs or {}))
+    try:
+        agent = env.possible_agents[0]
+        obs_space, act_space = env.observation_space(agent), env.action_space(agent)
+    finally:
+        env.close()
+    spaces = getattr(obs_space, "spaces", None)
+    if not isinstance(spaces, dict) or "observation" not in spaces or \
+            "action_mask" not in spaces:
+        raise GameError(f"env id {env_id!r} must observe a Dict of 'observation' and "
+                        f"'action_mask'; it observes {obs_space}")
+    n = getattr(act_space, "n", None)
+    if n is None:
+        raise GameError(f"env id {env_id!r} has action space {act_space}; a game needs a "
+                        "discrete one")
+    return EnvSpec(obs_shape=tuple(spaces["observation"].shape), n_actions=int(n))
 
 
 @dataclass

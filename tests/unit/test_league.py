@@ -17,7 +17,6 @@ from openskill.models import PlackettLuce  # noqa: E402
 from coordinator.league import (  # noqa: E402
     MAIN,
     League,
-    LeagueSettings,
     Payoff,
     Player,
     Ratings,
@@ -25,6 +24,7 @@ from coordinator.league import (  # noqa: E402
     pfsp_probabilities,
     snapshot_name,
 )
+from shared.config import LeagueConfig  # noqa: E402
 
 
 def test_the_rating_model_gives_openskills_documented_example():
@@ -69,7 +69,7 @@ def test_pfsp_with_nothing_left_to_learn_is_uniform():
 
 
 def test_opponents_are_drawn_at_the_pfsp_frequencies():
-    league = League(LeagueSettings(bots=["random", "perfect"], self_play_fraction=0.2))
+    league = League(LeagueConfig(bots=("random", "perfect"), self_play_fraction=0.2))
     league.add_snapshot(0)
     for _ in range(9):  # main beats random 90% of the time...
         league.record_game(MAIN, bot_name("random"), "win")
@@ -107,7 +107,7 @@ def test_the_payoff_matrix_counts_each_game_from_both_sides():
 
 
 def test_snapshots_join_every_k_versions_or_when_beaten_often_enough():
-    league = League(LeagueSettings(snapshot_every_versions=100, snapshot_win_rate=0.7,
+    league = League(LeagueConfig(snapshot_every_versions=100, snapshot_win_rate=0.7,
                                    snapshot_min_games=10, max_snapshots=2))
     assert league.snapshot_due(0)  # the first: the league's first past self
     league.add_snapshot(0)
@@ -160,5 +160,5 @@ def test_a_league_comes_back_whole_from_its_state_or_its_records():
 
 
 def test_a_bad_weighting_is_refused_by_name():
-    with pytest.raises(ValueError, match="league.weighting"):
-        League(LeagueSettings(weighting="hardest"))
+    with pytest.raises(ValueError, match="weighting"):
+        LeagueConfig(weighting="hardest")
