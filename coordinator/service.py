@@ -34,7 +34,7 @@ from coordinator.replay import PartRefs, Replay, UnknownBuffer
 from coordinator.runlog import RunLog
 from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from shared.auth import load_token
-from shared.config import RunConfig
+from shared.config import RunConfig, require_runnable
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
     ChunkMeta,
@@ -86,6 +86,7 @@ class RateLimited(Exception):
 class Coordinator:
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
                  clock=time.monotonic, resume: bool = False) -> None:
+        require_runnable(cfg)
         self.cfg = cfg
         self.storage_url = storage_url
         token = load_token()  # before anything is opened: a misconfigured token fails here

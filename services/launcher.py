@@ -39,7 +39,7 @@ import yaml
 
 from services.cli import free_port
 from services.forking import ForkedChild, can_fork, fork_role, preload
-from shared.config import ConfigError, RunConfig, load_config
+from shared.config import ConfigError, RunConfig, load_config, require_runnable
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
@@ -358,6 +358,7 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
     collectors need anyway (`services/forking.py`). A config that names code by import path
     is built by a `rlfleet check` child (that code may import torch), whose one-line error
     becomes ours. Raises `ConfigError`."""
+    require_runnable(cfg)
     if not names_code(cfg):
         from shared.algos.base import check_run_config
 

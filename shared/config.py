@@ -438,6 +438,16 @@ class RunConfig(_Frozen):
         return parse_config(data, "overrides")
 
 
+def require_runnable(cfg: RunConfig) -> None:
+    """Refuse, by field, what a config may say but the cluster cannot run yet: a `league:`
+    is checked (its game, bots and policy), but battle collectors that play it are not
+    built (issue 15), and a worker would otherwise fail on the game's first reset."""
+    if cfg.league is not None:
+        raise ConfigError("config: field 'league': self-play runs cannot be launched yet: the "
+                          "league, the games and action masks exist, the battle collectors "
+                          "that play them do not (`rlfleet check` checks such a config)")
+
+
 def format_validation_error(err: ValidationError, source: str = "config") -> str:
     """One line per problem, each naming the dotted field path."""
     lines = []
