@@ -31,7 +31,6 @@ import os
 import queue
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -41,12 +40,12 @@ from typing import IO, Any
 import numpy as np
 
 from learner.sampling import DEFAULT_FIELDS, SampleLoop, part_rows
+from learner.shm import SHM_DIR, new_region
 from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
 from shared.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
 
-SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 STATE_KEYS = ("rate_limited", "dropped_responses", "sample_wait_s", "fetch_s", "cursor",
               "seen_generation", "broken")
 
@@ -75,12 +74,7 @@ class _Slot:
         self.release()
         self.generation += 1
         self.path = SHM_DIR / f"rlfleet-dp-{os.getpid()}-{self.index}-{self.generation}"
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self.map = new_region(self.path, size)
         self.size = size
 
     def release(self) -> None:

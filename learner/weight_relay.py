@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
-import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from learner.shm import new_region
 from shared.codec import encode_arrays
 from shared.storage import Storage, StorageError, VersionConflict
 
@@ -98,12 +98,7 @@ class WeightRegion:
         self.close()
         self.generation += 1
         self.path = self.directory / f"{self.prefix}{self.generation}"
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self.map = new_region(self.path, size)
         self.size = size
 
     def mapped(self) -> None:
