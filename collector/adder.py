@@ -39,7 +39,7 @@ import numpy as np
 
 from shared.codec import encode_arrays
 from shared.http import HttpClient, HttpError
-from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse
+from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse, GameRecord
 from shared.storage import Storage, StorageError
 
 log = logging.getLogger("rlfleet.collector")
@@ -60,7 +60,8 @@ class _Held:
 class StorageAdder:
     def __init__(self, storage: Storage, client: HttpClient, worker_id: Callable[[], str],
                  task_id: Callable[[], str | None], report_interval_s: float = 0.05,
-                 max_held_chunks: int = 64) -> None:
+                 max_held_chunks: int = 64,
+                 on_answer: Callable[[ChunkReportResponse], None] | None = None) -> None:
         if max_held_chunks < 1:
             raise ValueError(f"max_held_chunks={max_held_chunks} must be >= 1")
         self.storage = storage
@@ -69,6 +70,7 @@ class StorageAdder:
         self.task_id = task_id
         self.report_interval_s = report_interval_s
         self.max_held_chunks = max_held_chunks
+        self.on_answer = on_answer  # sees every answer to a report (self-play: opponents)
         self._q: queue.Queue[ChunkMeta | None] = queue.Queue()
         self._pending: list[ChunkMeta] = []
         # One lock for the held chunks and the announcement count: `add()` waits on it for
@@ -101,7 +103,9 @@ class StorageAdder:
             episode_returns: list[float], episode_lengths: list[int],
             segments: list[tuple[int, int]] | None = None,
             timers: dict[str, float] | None = None,
-            episode_return_components: list[list[float]] | None = None) -> str:
+            episode_return_components: list[list[float]] | None = None,
+            games: list[GameRecord] | None = None,
+            opponents_skipped: list[str] | None = None) -> str:
         """Write a chunk (or hold it, if storage cannot take it now) and queue its metadata
         for announcement once written. Never raises `StorageError`; waits while
         `max_held_chunks` are unacknowledged, until there is room or the adder is
@@ -120,7 +124,8 @@ class StorageAdder:
                 chunk_id=chunk_id, length=int(len(arrays["reward"])),
                 policy_version=policy_version, episode_returns=episode_returns,
                 episode_lengths=episode_lengths, segments=segments or [], timers=timers,
-                episode_return_components=episode_return_components or []))
+                episode_return_components=episode_return_components or [],
+                games=games or [], opponents_skipped=opponents_skipped or []))
 
         with self._cond:
             self._cond.wait_for(lambda: len(self._held) + self._unreported
@@ -259,6 +264,8 @@ class StorageAdder:
             self.throttle.clear()
         if resp.stop:
             self.halt()
+        if self.on_answer is not None:
+            self.on_answer(resp)
         with self._cond:
             self._unreported -= len(batch)
             self._cond.notify_all()

@@ -23,6 +23,7 @@ import numpy as np
 
 from shared.algos.base import Policy
 from shared.envs import final_next_obs, reward_components
+from shared.schemas import GameRecord
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Chunk:
     segments: list[tuple[int, int]] = field(default_factory=list)
     timers: dict[str, float] = field(default_factory=dict)  # ms per vector step, by phase
     episode_return_components: list[list[float]] = field(default_factory=list)
+    games: list[GameRecord] = field(default_factory=list)  # self-play: games that ended here
+    opponents_skipped: list[str] = field(default_factory=list)
 
     @property
     def length(self) -> int:

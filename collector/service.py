@@ -29,6 +29,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,16 +39,19 @@ from collector.rollout import Rollout, evaluate
 from shared.algos.base import ActOutput, Policy, make_policy
 from shared.codec import encode_weights
 from shared.config import RunConfig
-from shared.envs import EnvSpec, env_spec, make_vector_env
+from shared.envs import EnvSpec, make_vector_env, run_spec
 from shared.http import HttpError
 from shared.schemas import (
     API,
+    BattleOutcome,
+    ChunkReportResponse,
     CollectPermitRequest,
     CollectPermitResponse,
     CollectTask,
     EvalEpisodes,
     EvaluateTask,
     EvaluationReport,
+    Opponent,
     Role,
     TaskAccepted,
     TaskEnvelope,
@@ -56,6 +60,7 @@ from shared.storage import Storage, StorageError, evaluated_blob, open_storage
 from shared.worker import WorkerService
 
 if TYPE_CHECKING:
+    from collector.battle import BattleRollout, OpponentPool
     from collector.weights import StorageWeightSource
 
 log = logging.getLogger("rlfleet.collector")
@@ -71,6 +76,8 @@ def random_warmup_steps(cfg: RunConfig) -> int:
     PPO's chunks carry the acting policy's log-probs, a user's policy is unknown."""
     algo = cfg.algo
     if algo.policy or algo.name != "dqn" or getattr(algo, "eps_start", 0.0) < 1.0:
+        return 0
+    if cfg.league is not None:  # a game's random moves must be legal ones: the policy masks
         return 0
     return min(b.rate_limit.min_size for b in cfg.buffers.values())
 
@@ -197,6 +204,10 @@ class CollectorService(WorkerService):
         self._t0 = time.monotonic()
         self.torch = TorchLoader()
         self.random_steps = 0  # env steps acted by RandomPolicy while torch loaded
+        # self-play: whom the next games meet, as the coordinator assigns them
+        self._opponents: deque[Opponent] = deque(maxlen=4096)
+        self._last_opponent = Opponent(name="main", kind="main")
+        self.games_played = 0
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -204,6 +215,8 @@ class CollectorService(WorkerService):
         task = envelope.task
         if isinstance(task, CollectTask):
             with self._lock:
+                if self.task is None or self.task.task_id != task.task_id:
+                    self._opponents.extend(task.opponents)
                 self.task = task
                 if self._loop is None:
                     self._loop = threading.Thread(target=self._run_guarded, name="collect",
@@ -217,6 +230,16 @@ class CollectorService(WorkerService):
 
     def _task_id(self) -> str | None:
         return self.task.task_id if self.task else None
+
+    def _on_answer(self, resp: ChunkReportResponse) -> None:
+        self._opponents.extend(resp.opponents)
+
+    def _next_opponent(self) -> Opponent:
+        """The next assigned opponent; the last one again while none is queued (the answer
+        that brings more is on its way)."""
+        with contextlib.suppress(IndexError):
+            self._last_opponent = self._opponents.popleft()
+        return self._last_opponent
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -250,12 +273,14 @@ class CollectorService(WorkerService):
         # A short retry window: during an outage the adder holds chunks and the envs go on,
         # rather than the whole loop waiting inside one write.
         storage = open_storage(self.storage_url, cfg.name, max_retry_s=1.0)
-        spec = env_spec(cfg.env)
+        spec = run_spec(cfg)
         seed = self.task.seed
-        envs = make_vector_env(cfg.env, cfg.env.num_envs, seed)
+        battle = cfg.league is not None
+        envs = None if battle else make_vector_env(cfg.env, cfg.env.num_envs, seed)
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s,
-                             max_held_chunks=cfg.collector.max_held_chunks)
+                             max_held_chunks=cfg.collector.max_held_chunks,
+                             on_answer=self._on_answer if battle else None)
         # Where the run is (a restart mid-run): exploration goes on from there, and the
         # random warm-up, which belongs to the run's start, is not played again.
         if self.agent.info is not None:
@@ -271,7 +296,8 @@ class CollectorService(WorkerService):
             RandomPolicy(spec, seed) if warmup_steps and not self.torch.ready.is_set()
             else None)
         weights: StorageWeightSource | None = None
-        rollout: Rollout | None = None
+        rollout: Rollout | BattleRollout | None = None
+        pool: OpponentPool | None = None
         eval_envs = None
         try:
             while not self._closing.is_set() and not adder.stop.is_set():
@@ -287,11 +313,22 @@ class CollectorService(WorkerService):
                         log.info("torch loaded: acting with the %s policy after %d env steps "
                                  "at random", cfg.algo.name, self.random_steps)
                 assert policy is not None
-                if rollout is None:
+                if rollout is None and battle:
+                    from collector.battle import BattleRollout, OpponentPool
+
+                    pool = OpponentPool(cfg, spec, storage, seed)
+                    rollout = BattleRollout(cfg, policy, pool, self._next_opponent,
+                                            task.chunk_size, task.mode,
+                                            task.episodes_per_chunk, seed)
+                elif rollout is None:
+                    assert envs is not None
                     rollout = Rollout(envs, policy, task.chunk_size, task.mode,
                                       task.episodes_per_chunk)
                 while weights is not None and not self._evals.empty():
                     task = self._evals.get_nowait()
+                    if pool is not None:
+                        self._evaluate_battles(cfg, task, policy, weights, pool, storage)
+                        continue
                     if eval_envs is None or eval_envs.num_envs != task.num_envs:
                         eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
                     self._evaluate(task, eval_envs, policy, weights, storage)
@@ -308,7 +345,9 @@ class CollectorService(WorkerService):
                     self.random_steps += len(chunk.arrays["reward"])
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
-                          chunk.episode_return_components)
+                          chunk.episode_return_components, chunk.games,
+                          chunk.opponents_skipped)
+                self.games_played += len(chunk.games)
                 if adder.chunks_reported:  # the first chunk is in: torch may have the GIL
                     self.torch.start()
                 self.env_steps = rollout.env_steps
@@ -319,7 +358,8 @@ class CollectorService(WorkerService):
             self.chunks_reported = adder.chunks_reported
             log.info("drained: %d chunks written, %d reported%s", adder.chunks_written,
                      adder.chunks_reported, "" if flushed else " (the rest could not be sent)")
-            envs.close()
+            if envs is not None:
+                envs.close()
             if eval_envs is not None:
                 eval_envs.close()
             storage.close()
@@ -396,6 +436,36 @@ class CollectorService(WorkerService):
         except (HttpError, StorageError) as err:
             log.warning("could not report evaluation %s: %s", task.task_id, err)
 
+    def _evaluate_battles(self, cfg: RunConfig, task: EvaluateTask, policy: Policy,
+                          weights: StorageWeightSource, pool: OpponentPool,
+                          storage: Storage) -> None:
+        """`task.episodes` games against each opponent from each seat, the policy greedy;
+        the games are also the report's deterministic episodes (+1, 0, -1 each)."""
+        from collector.battle import battle_evaluate
+
+        if policy.version < task.policy_version:
+            self._refresh(policy, weights, force=True)
+        tallies = battle_evaluate(cfg, policy, pool, task.battles, task.episodes, task.seed,
+                                  task.num_envs)
+        returns = [r for t in tallies for r in t.returns]
+        plies = [p for t in tallies for p in t.plies]
+        self.evaluations_run += 1
+        if not returns:
+            log.warning("evaluation %s: no opponent could be loaded", task.task_id)
+            self.agent.end_task(task.task_id, "no evaluation opponent could be loaded")
+            return
+        try:
+            storage.put_blob(evaluated_blob(task.task_id), encode_weights(
+                policy.policy_state(), {"policy_version": str(policy.version)}))
+            self.agent.client.post(f"{API}/evaluations", EvaluationReport(
+                worker_id=self.agent.worker_id, task_id=task.task_id,
+                policy_version=policy.version,
+                deterministic=EvalEpisodes(returns=returns, lengths=plies),
+                battles=[BattleOutcome(opponent=t.opponent, first=t.first, win=t.win,
+                                       draw=t.draw, loss=t.loss) for t in tallies]))
+        except (HttpError, StorageError) as err:
+            log.warning("could not report evaluation %s: %s", task.task_id, err)
+
     # -- reporting --------------------------------------------------------------------------
 
     def heartbeat_status(self) -> dict[str, float]:
@@ -418,7 +488,8 @@ class CollectorService(WorkerService):
                 "chunks_written": self.chunks_written, "chunks_reported": self.chunks_reported,
                 "chunks_held": held, "write_failures": failures,
                 "evaluations": self.evaluations_run, "error": self.error,
-                "random_warmup_env_steps": self.random_steps}
+                "random_warmup_env_steps": self.random_steps,
+                "games_played": self.games_played}
 
     def on_run_stopped(self) -> None:
         self._closing.set()

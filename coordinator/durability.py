@@ -59,7 +59,8 @@ class Durability:
     def __init__(self, cfg: RunConfig, storage: Storage, storage_url: str,
                  clock: Callable[[], float], cond: threading.Condition, replay: Replay, *,
                  counters: Callable[[], dict], restore_counters: Callable[[dict], None],
-                 accept: Accept, env_steps: Callable[[], int]) -> None:
+                 accept: Accept, env_steps: Callable[[], int],
+                 on_event: Callable[[dict], None] | None = None) -> None:
         self.cfg = cfg
         self.storage = storage
         self.storage_url = storage_url
@@ -70,6 +71,7 @@ class Durability:
         self._restore_counters = restore_counters
         self._accept = accept
         self._env_steps = env_steps
+        self._on_event = on_event  # replays a journalled event (`journal_event`)
         self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
         self._janitor = threading.Thread(target=self._janitor_loop, name="janitor", daemon=True)
         self._started = False
@@ -140,6 +142,17 @@ class Durability:
                 self.storage.append_journal(generation, [_journal_record(worker_id, fresh)])
             with self._cond:
                 yield fresh
+
+    def journal_event(self, event: dict, change: Callable[[], None]) -> None:
+        """Journal a change of run state that is not a chunk (a league snapshot), then make
+        it with `cond` held, in journal order with the chunks; a restore replays it through
+        `on_event`. A `StorageError` leaves the change unmade."""
+        with self._journal_lock:
+            with self._cond:
+                generation = self.replay.generation
+            self.storage.append_journal(generation, [json.dumps({"event": event}).encode()])
+            with self._cond:
+                change()
 
     def _unseen(self, metas: list[ChunkMeta]) -> list[ChunkMeta]:
         """New chunks of a report (under `cond`): not held, not released lately, and not
@@ -219,6 +232,10 @@ class Durability:
                     continue  # already in the snapshot (its deletion was cut short)
                 for raw in self.storage.read_journal(generation):
                     record = json.loads(raw)
+                    if "event" in record:
+                        if self._on_event is not None:
+                            self._on_event(record["event"])
+                        continue
                     metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
                     fresh, dead = self._accept(metas, record["worker_id"])  # dedups
                     replayed += len(fresh)

@@ -28,10 +28,12 @@ from coordinator.membership import Membership
 from coordinator.tasks import TaskRecord, TaskTable
 from shared.config import RunConfig
 from shared.schemas import (
+    BattleOutcome,
     EvalSummary,
     EvaluateTask,
     EvaluationReport,
     EvaluationResult,
+    Opponent,
     Role,
     TaskKind,
     TaskState,
@@ -50,19 +52,41 @@ def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
                        length_mean=float(np.mean(lengths)))
 
 
+def battle_rates(outcomes: list[BattleOutcome]) -> dict[str, dict[str, float]]:
+    """Win, draw and loss rates and games by opponent, overall ('bot-random') and by seat
+    ('bot-random/first', 'bot-random/second')."""
+    counts: dict[str, list[int]] = {}
+    for o in outcomes:
+        for key in (o.opponent, f"{o.opponent}/{'first' if o.first else 'second'}"):
+            acc = counts.setdefault(key, [0, 0, 0])
+            acc[0] += o.win
+            acc[1] += o.draw
+            acc[2] += o.loss
+    out = {}
+    for key, (win, draw, loss) in counts.items():
+        games = win + draw + loss
+        out[key] = {"win": win / max(1, games), "draw": draw / max(1, games),
+                    "loss": loss / max(1, games), "games": float(games)}
+    return out
+
+
 class EvaluationSchedule:
     """Owned by the coordinator, which passes the run's counters in at each call rather than
     lending itself: this module knows the task table, membership and storage, never the
     coordinator."""
 
     def __init__(self, cfg: RunConfig, tasks: TaskTable, members: Membership, storage: Storage,
-                 run_dir: Path | None, push: Callable[[TaskRecord], None]) -> None:
+                 run_dir: Path | None, push: Callable[[TaskRecord], None],
+                 battles: Callable[[], list[Opponent]] | None = None,
+                 solves: Callable[[EvaluationResult], str | None] | None = None) -> None:
         self.cfg = cfg
         self.tasks = tasks
         self.members = members
         self.storage = storage
         self.run_dir = run_dir
         self._push = push  # hands a task to the coordinator's commander
+        self._battles = battles  # self-play: whom an evaluation plays
+        self._solves = solves  # self-play: why an evaluation solves the run (its win rates)
         self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
         self.best_evaluation: EvaluationResult | None = None
         self.best_policy_version: int | None = None
@@ -98,7 +122,8 @@ class EvaluationSchedule:
                             policy_version=policy_version, episodes=ev.episodes,
                             num_envs=min(ev.num_envs, ev.episodes),
                             seed=self.cfg.seed * 7919 + self._rr,
-                            stochastic=ev.stochastic)
+                            stochastic=ev.stochastic and self._battles is None,
+                            battles=self._battles() if self._battles else [])
         if ev.every_env_steps is not None:
             self.next_eval_at = env_steps + ev.every_env_steps
         if ev.every_train_iterations is not None:
@@ -140,16 +165,22 @@ class EvaluationSchedule:
             env_steps=env_steps, train_iterations=train_iterations,
             episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
             length_mean=det.length_mean, wall_time=wall_time,
-            deterministic=det, stochastic=sto)
+            deterministic=det, stochastic=sto, battles=battle_rates(req.battles))
         self.tasks.end(req.task_id, TaskState.FINISHED)
         self.evaluations.append(result)
         record(result)
-        if self.best_evaluation is None or result.return_mean > self.best_evaluation.return_mean:
+        # The run's result: the policy that solved it, else the best mean return so far.
+        solving = self._solves is not None and self._solves(result) is not None
+        if (solving or self.best_evaluation is None
+                or result.return_mean > self.best_evaluation.return_mean):
             self.best_evaluation = result
             self._keep_best_policy(result)
         self._forget_evaluated(result.task_id)
-        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f", result.policy_version,
-                 result.env_steps, result.return_mean, result.return_std)
+        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s",
+                 result.policy_version, result.env_steps, result.return_mean,
+                 result.return_std, "".join(
+                     f"; vs {k} {v['win']:.2f}/{v['draw']:.2f}/{v['loss']:.2f}"
+                     for k, v in result.battles.items() if "/" not in k))
         return result
 
     def _keep_best_policy(self, result: EvaluationResult) -> None:

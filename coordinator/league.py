@@ -111,6 +111,7 @@ class Player:
     sigma: float = 25.0 / 3.0
     games: int = 0
     ratings: list[tuple[int, float, float]] = field(default_factory=list)  # (game, mu, sigma)
+    stride: int = 1  # rated games between two points of `ratings`
 
     def ordinal(self) -> float:
         """The conservative skill estimate people rank by: mu - 3 sigma."""
@@ -154,15 +155,19 @@ class League:
             self.players[bot_name(bot)] = Player(bot_name(bot), "bot")
         self.payoff = Payoff()
         self.games = 0
+        self.first_snapshot: str | None = None
 
     # -- changes (each one a journal record: `apply` replays them) -------------------------
 
     def apply(self, record: dict[str, Any]) -> None:
-        """Replay one change: {"kind": "game", ...} or {"kind": "snapshot", ...}."""
+        """Replay one change: {"kind": "game", ...}, {"kind": "snapshot", ...} or
+        {"kind": "drop", ...}."""
         if record["kind"] == "game":
             self.record_game(record["player"], record["opponent"], record["outcome"])
         elif record["kind"] == "snapshot":
             self.add_snapshot(int(record["version"]))
+        elif record["kind"] == "drop":
+            self.drop(str(record["name"]))
         else:
             raise ValueError(f"unknown league record {record['kind']!r}")
 
@@ -180,18 +185,46 @@ class League:
             self._ratings.rate(a, b, outcome)
             for p in (a, b):
                 p.games += 1
-                p.ratings.append((self.games, p.mu, p.sigma))
-                del p.ratings[:-self.rating_history]
+                # The whole run at falling resolution: a point every `stride` rated games;
+                # when full, every other point goes and the stride doubles.
+                if p.games % p.stride == 0:
+                    p.ratings.append((self.games, p.mu, p.sigma))
+                    if len(p.ratings) > self.rating_history:
+                        p.ratings = p.ratings[1::2]
+                        p.stride *= 2
+
+    def drop(self, name: str) -> bool:
+        """Remove a snapshot nobody can load (its weights are gone); bots and the main
+        player stay. Its games stay in the payoff."""
+        with self._lock:
+            player = self.players.get(name)
+            if player is None or player.kind != "snapshot":
+                return False
+            del self.players[name]
+            if name == self.first_snapshot:
+                self.first_snapshot = None  # the next to join becomes the fixed point
+            return True
+
+    def snapshots(self) -> list[Player]:
+        """Snapshots, oldest first."""
+        with self._lock:
+            return self._snapshots()
 
     def add_snapshot(self, version: int) -> str:
-        """Freeze policy `version` as a player; it starts from the main player's rating."""
+        """Freeze policy `version` as a player; it starts from the main player's rating.
+        Beyond `max_snapshots`, the oldest leave, except the first: the league's fixed
+        point, against which how far the main player has come is measured."""
         with self._lock:
             name = snapshot_name(version)
             if name not in self.players:
                 main = self.players[MAIN]
                 self.players[name] = Player(name, "snapshot", version, main.mu, main.sigma)
                 snapshots = self._snapshots()
-                for old in snapshots[:max(0, len(snapshots) - self.settings.max_snapshots)]:
+                if self.first_snapshot is None:
+                    self.first_snapshot = name
+                evictable = [p for p in snapshots if p.name != self.first_snapshot]
+                kept = self.settings.max_snapshots - (len(snapshots) - len(evictable))
+                for old in evictable[:max(0, len(evictable) - kept)]:
                     del self.players[old.name]
             return name
 
@@ -245,17 +278,24 @@ class League:
 
     # -- what people see, and what a snapshot keeps -----------------------------------------
 
-    def view(self) -> dict[str, Any]:
-        """Players by ordinal, and the payoff matrix between them (`/api/v1/league`)."""
+    def view(self, history: bool = False) -> dict[str, Any]:
+        """Players by ordinal, the payoff matrix between them and the chance of meeting each
+        next (`/api/v1/league`); with `history`, each player's (game, mu, sigma) points."""
+        probabilities = {name: round(p, 6) for name, p in self.probabilities().items()}
         with self._lock:
             players = sorted(self.players.values(), key=lambda p: -p.ordinal())
             names = [p.name for p in players]
             return {
                 "games": self.games,
+                "first_snapshot": self.first_snapshot,
                 "players": [{"name": p.name, "kind": p.kind, "policy_version": p.policy_version,
                              "mu": round(p.mu, 4), "sigma": round(p.sigma, 4),
                              "ordinal": round(p.ordinal(), 4), "games": p.games}
                             for p in players],
+                "probabilities": probabilities,
+                **({"ratings": {p.name: [[g, round(m, 4), round(sd, 4)]
+                                         for g, m, sd in p.ratings] for p in players}}
+                   if history else {}),
                 "payoff": {"players": names,
                            "win": [[self.payoff.counts.get((a, b), [0, 0, 0])[0] for b in names]
                                    for a in names],
@@ -268,23 +308,26 @@ class League:
     def state(self) -> dict[str, Any]:
         """Everything needed to rebuild the league (JSON-able)."""
         with self._lock:
-            return {"games": self.games,
+            return {"games": self.games, "first_snapshot": self.first_snapshot,
                     "players": [{"name": p.name, "kind": p.kind,
                                  "policy_version": p.policy_version, "mu": p.mu,
                                  "sigma": p.sigma, "games": p.games,
-                                 "ratings": [list(r) for r in p.ratings]}
+                                 "ratings": [list(r) for r in p.ratings],
+                                 "stride": p.stride}
                                 for p in self.players.values()],
                     "payoff": [[a, b, *c] for (a, b), c in self.payoff.counts.items()]}
 
     def restore(self, state: dict[str, Any]) -> None:
         with self._lock:
             self.games = int(state["games"])
+            self.first_snapshot = state.get("first_snapshot")
             self.players = {}
             for p in state["players"]:
                 self.players[p["name"]] = Player(
                     p["name"], p["kind"], p["policy_version"], float(p["mu"]),
                     float(p["sigma"]), int(p["games"]),
-                    [(int(g), float(m), float(s)) for g, m, s in p["ratings"]])
+                    [(int(g), float(m), float(s)) for g, m, s in p["ratings"]],
+                    int(p.get("stride", 1)))
             for bot in self.settings.bots:  # a bot added to the config since
                 self.players.setdefault(bot_name(bot), Player(bot_name(bot), "bot"))
             self.payoff = Payoff()

@@ -32,6 +32,7 @@ from shared.schemas import (
     Health,
     HeartbeatRequest,
     HeartbeatResponse,
+    LeagueView,
     LearnInfo,
     LearnInfoResponse,
     RegisterRequest,
@@ -123,6 +124,17 @@ def health():
 @document(Status)
 def status():
     return jsonify(coord().status())
+
+
+@bp.get(f"{API}/league")
+@document(LeagueView, errors=(404,))
+def league():
+    """The self-play league with each player's rating history; 404 for a run without one."""
+    c = coord()
+    if c.matchmaker is None:
+        return error(404, "this run has no league (its config has no league: section)",
+                     "league")
+    return jsonify(c.matchmaker.view(history=True))
 
 
 @bp.get(f"{API}/workers")

@@ -124,6 +124,10 @@ class RunLog:
             if summary is not None:
                 scalars.update({f"eval/{mode}/{k}": float(v)
                                 for k, v in summary.model_dump().items()})
+        for key, rates in result.battles.items():  # self-play: eval/vs_bot-random/win, ...
+            opponent, _, seat = key.partition("/")
+            prefix = f"eval/vs_{opponent}/" + (f"{seat}/" if seat else "")
+            scalars.update({prefix + k: float(v) for k, v in rates.items() if k != "games"})
         with self._lock:
             self._log("eval", result.env_steps, scalars)
 

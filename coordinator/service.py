@@ -23,18 +23,18 @@ import zlib
 from collections import deque
 from pathlib import Path
 
-import numpy as np
-
 from coordinator.commander import Commander
 from coordinator.durability import Durability
 from coordinator.evaluation import EvaluationSchedule
 from coordinator.learner_group import LearnerGroup, StaleGeneration
+from coordinator.matchmaking import Matchmaker
 from coordinator.membership import Membership, UnknownWorker, Worker
+from coordinator.readout import Readout
 from coordinator.replay import PartRefs, Replay, UnknownBuffer
 from coordinator.runlog import RunLog
 from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from shared.auth import load_token
-from shared.config import RunConfig, require_runnable
+from shared.config import RunConfig
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
     ChunkMeta,
@@ -65,12 +65,6 @@ from shared.storage import open_storage
 log = logging.getLogger("rlfleet.coordinator")
 
 
-def buffer_metrics(buffers: dict[str, dict]) -> dict[str, float]:
-    """Buffer stats as flat metrics, `buffer/<name>/<stat>` (numeric stats only)."""
-    return {f"buffer/{name}/{key}": float(value) for name, stats in buffers.items()
-            for key, value in stats.items() if isinstance(value, int | float)}
-
-
 class WrongWorker(ValueError):
     """A worker acting on a task that belongs to another worker."""
 
@@ -86,7 +80,6 @@ class RateLimited(Exception):
 class Coordinator:
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
                  clock=time.monotonic, resume: bool = False) -> None:
-        require_runnable(cfg)
         self.cfg = cfg
         self.storage_url = storage_url
         token = load_token()  # before anything is opened: a misconfigured token fails here
@@ -115,23 +108,31 @@ class Coordinator:
         self.first_chunk_at: float | None = None  # when collection really began
         self.paused = False  # collection paused by an operator (learners go on)
         self.collectors_desired: int | None = None  # set by `rlfleet scale`
-        self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
         self._closing = threading.Event()
         self._wake = threading.Event()  # an early scheduler tick
         self._scheduler = threading.Thread(target=self._scheduler_loop, name="scheduler",
                                            daemon=True)
         self._started = False
         self.commander = Commander(cfg, self.members, self.tasks, token)
-        self.eval_schedule = EvaluationSchedule(cfg, self.tasks, self.members, self.storage,
-                                                self.run_dir, self.commander.push)
+        # self-play: the league, its opponents and snapshots (None: a single-agent run)
+        self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir,
+                                      lambda event, change: self.durability.journal_event(
+                                          event, change))
+                           if cfg.league is not None else None)
+        self.eval_schedule = EvaluationSchedule(
+            cfg, self.tasks, self.members, self.storage, self.run_dir, self.commander.push,
+            battles=self.matchmaker.eval_opponents if self.matchmaker else None,
+            solves=self.matchmaker.solved if self.matchmaker else None)
         self.durability = Durability(
             cfg, self.storage, storage_url, clock, self._cond, self.replay,
             counters=self._counters, restore_counters=self._restore_counters,
-            accept=self._accept, env_steps=lambda: self.env_steps)
+            accept=self._accept, env_steps=lambda: self.env_steps,
+            on_event=self.matchmaker.apply if self.matchmaker else None)
         resumed = self.durability.restore() if resume else False
         if not resumed:
             self.durability.discard_journals()
         self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
+        self.readout = Readout(self)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -153,6 +154,8 @@ class Coordinator:
             self._scheduler.join(timeout=5)
             self.commander.join(timeout=5)
         self.durability.close()  # after the scheduler: no snapshot may follow the final one
+        if self.matchmaker is not None:
+            self.matchmaker.write_view(self.clock(), final=True)
         self.runlog.close()
         self.storage.close()
 
@@ -301,7 +304,9 @@ class Coordinator:
             c = self.cfg.collector
             task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed,
                                mode=c.mode, chunk_size=c.chunk_size,
-                               episodes_per_chunk=c.episodes_per_chunk)
+                               episodes_per_chunk=c.episodes_per_chunk,
+                               opponents=(self.matchmaker.opponents(2 * self.cfg.env.num_envs)
+                                          if self.matchmaker else []))
         else:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
@@ -348,8 +353,13 @@ class Coordinator:
             self.runlog.on_chunks(fresh, env_steps, self.rates()[0], version)
         if self.eval_schedule.due(self.env_steps, self.train_iterations):
             self._wake.set()
+        # self-play: as many new opponents as games reported (a retried report too: its
+        # collector has played those games and needs the next ones)
+        opponents = (self.matchmaker.opponents(Matchmaker.games_in(req.chunks))
+                     if self.matchmaker else [])
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
-                                   throttle_s=0.05 if throttle else 0.0, stop=self.stopped)
+                                   throttle_s=0.05 if throttle else 0.0, stop=self.stopped,
+                                   opponents=opponents)
 
     def _accept(self, metas: list[ChunkMeta], worker_id: str
                 ) -> tuple[list[ChunkMeta], list[str]]:
@@ -361,6 +371,8 @@ class Coordinator:
             self.recent_returns.extend(c.episode_returns)
             self.recent_lengths.extend(c.episode_lengths)
         self.chunks_accepted += len(fresh)
+        if self.matchmaker is not None:
+            self.matchmaker.on_chunks(fresh)
         self.members.count_chunks(worker_id, len(fresh))
         if fresh and self.first_chunk_at is None:
             self.first_chunk_at = self.clock()
@@ -523,6 +535,10 @@ class Coordinator:
         if stop_value is not None and result.return_mean >= stop_value:
             self.solved = True
             self.stop(f"solved: evaluation return {result.return_mean:.1f} >= {stop_value}")
+        why = self.matchmaker.solved(result) if self.matchmaker else None
+        if why:
+            self.solved = True
+            self.stop(why)
         return result
 
     # -- background threads -----------------------------------------------------------------
@@ -546,7 +562,7 @@ class Coordinator:
         if self.tasks.any_unassigned():
             self._offer_unassigned()
         self.eval_schedule.expire(now)
-        self._rates.append((now, self.env_steps, self.train_iterations))
+        self.readout.sample_rates(now)
         stop = self.cfg.stop
         if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
             self.stop(f"max_env_steps={stop.max_env_steps} reached")
@@ -555,33 +571,12 @@ class Coordinator:
         if not self.stopped:
             self.eval_schedule.maybe_start(self.policy_version, self.env_steps,
                                            self.train_iterations)
-        self.runlog.on_tick(self.env_steps, self._info_scalars())
+        if self.matchmaker is not None:
+            if not self.stopped:
+                self.matchmaker.maybe_snapshot(self.policy_version)
+            self.matchmaker.write_view(now)
+        self.runlog.on_tick(self.env_steps, self.readout.info_scalars())
         self.durability.tick(now)
-
-    def _info_scalars(self) -> dict[str, float]:
-        """The `info` scope: buffers, counters and the cluster, flat."""
-        with self._cond:
-            buffers = self.replay.stats()
-            ledger = self.replay.ledger(self.chunks_accepted)
-            counters = {"env_steps": self.env_steps,
-                        "frames": self.env_steps * self.cfg.env.frame_skip,
-                        "train_iterations": self.train_iterations,
-                        "policy_version": self.policy_version,
-                        "chunks_accepted": self.chunks_accepted, "episodes": self.episodes}
-        out = buffer_metrics(buffers)
-        out.update({f"counters/{k}": float(v) for k, v in counters.items()})
-        for key in ("acknowledged", "in_buffers", "evicted", "consumed"):
-            out[f"ledger/{key}"] = float(ledger[key])
-        out.update({f"ledger/dropped/{k}": float(v) for k, v in ledger["dropped"].items()})
-        out["ledger/orphans_deleted"] = float(self.durability.orphans_deleted)
-        for role in (Role.COLLECTOR, Role.LEARNER):
-            out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
-        active = [r for r in self.tasks.all() if r.active]
-        out["cluster/tasks_active"] = float(len(active))
-        for kind in TaskKind:
-            out[f"cluster/tasks_{kind.value}"] = float(sum(r.kind is kind for r in active))
-        out.update(self.group.scalars())
-        return out
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -599,13 +594,16 @@ class Coordinator:
                 "tasks": self.tasks.snapshot(),
                 # what `rlfleet scale` asked for: a restarted coordinator must not make a
                 # launcher or the compose scaler forget it
-                "collectors_desired": self.collectors_desired}
+                "collectors_desired": self.collectors_desired,
+                "league": self.matchmaker.state() if self.matchmaker else None}
 
     def _restore_counters(self, counters: dict) -> None:
         for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
                     "train_iterations", "policy_version"):
             setattr(self, key, int(counters[key]))
         self.eval_schedule.restore(counters)
+        if self.matchmaker is not None:
+            self.matchmaker.restore(counters.get("league"))
         if counters.get("collectors_desired") is not None:
             self.collectors_desired = int(counters["collectors_desired"])
         now = self.clock()
@@ -626,77 +624,10 @@ class Coordinator:
             return buf.chunk_occurrences()
 
     def rates(self) -> tuple[float, float]:
-        """env steps/s and train iterations/s over the last few seconds."""
-        samples = [s for s in self._rates if s[0] >= self.clock() - 5.0]
-        if len(samples) < 2:
-            return 0.0, 0.0
-        (t0, e0, i0), (t1, e1, i1) = samples[0], samples[-1]
-        dt = max(t1 - t0, 1e-9)
-        return (e1 - e0) / dt, (i1 - i0) / dt
-
-    def _metrics(self, buffers: dict, returns: list[float], steps_per_s: float,
-                 latest: dict | None) -> dict[str, float]:
-        out = buffer_metrics(buffers)
-        out["collect/env_steps_per_s"] = round(steps_per_s, 1)
-        if returns:
-            out.update({"collect/return_min": min(returns),
-                        "collect/return_mean": float(np.mean(returns)),
-                        "collect/return_max": max(returns),
-                        "collect/episode_length": float(np.mean(self.recent_lengths))})
-        out.update({f"train/{k}": v for k, v in self.learner_metrics.items()})
-        for mode in ("deterministic", "stochastic"):
-            summary = (latest or {}).get(mode)
-            for key, value in (summary or {}).items():
-                out[f"eval/{mode}/{key}"] = value
-        return out
+        return self.readout.rates()
 
     def status(self) -> dict:
-        now = self.clock()
-        steps_per_s, iters_per_s = self.rates()
-        evals = self.eval_schedule
-        latest = evals.evaluations[-1].model_dump() if evals.evaluations else None
-        best = evals.best_evaluation.model_dump() if evals.best_evaluation else None
-        returns = list(self.recent_returns)
-        with self._cond:
-            buffers = self.replay.stats()
-            ledger = self.replay.ledger(self.chunks_accepted)
-            group = self.group.status(self.started_at)
-        ledger.update(orphans_deleted=self.durability.orphans_deleted,
-                      unannounced=self.durability.unannounced,
-                      journal_generation=self.replay.generation)
-        return {
-            "run": {"name": self.cfg.name,
-                    "state": ("stopped" if self.stopped else "paused" if self.paused
-                              else "running"),
-                    "paused": self.paused, "collectors_desired": self.collectors_desired,
-                    "learners_desired": self.group.learners_desired,
-                    "stop_reason": self.stop_reason, "solved": self.solved,
-                    "wall_seconds": round((self.stopped_at or now) - self.started_at, 3),
-                    "stop_value": self.cfg.eval.stop_value, "storage": self.storage_url,
-                    # workers' start-up (imports, registration) ends here
-                    "first_chunk_s": (round(self.first_chunk_at - self.started_at, 3)
-                                      if self.first_chunk_at is not None else None)},
-            "counters": {"env_steps": self.env_steps, "train_iterations": self.train_iterations,
-                         "granted_batches": self.granted_batches,
-                         "policy_version": self.policy_version,
-                         "chunks_accepted": self.chunks_accepted, "episodes": self.episodes},
-            "rates": {"env_steps_per_s": round(steps_per_s, 1),
-                      "train_iterations_per_s": round(iters_per_s, 1)},
-            "buffer": {"size": self.replay.size(), "chunks": len(self.replay.registry)},
-            "buffers": buffers,
-            # Flat scalars under the names the logger uses (`scope/...`).
-            "metrics": self._metrics(buffers, returns, steps_per_s, latest),
-            "collect": {"episode_return_mean": float(np.mean(returns)) if returns else None,
-                        "episode_length_mean": (float(np.mean(self.recent_lengths))
-                                                if returns else None)},
-            "train": self.learner_metrics,
-            "workers": [w.to_json(now) for w in self.members.all()],
-            "tasks": [r.to_json() for r in self.tasks.all() if r.active],
-            "latest_evaluation": latest,
-            "best_evaluation": best,
-            "ledger": ledger,
-            "learner_group": group,
-        }
+        return self.readout.status()
 
 
 __all__ = ["Coordinator", "RateLimited", "StaleGeneration", "UnknownBuffer", "UnknownTask",

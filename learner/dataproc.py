@@ -39,7 +39,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from learner.sampling import DEFAULT_FIELDS, SampleLoop, part_rows
+from learner.sampling import SampleLoop, batch_fields, part_rows
 from learner.shm import SHM_DIR, new_region
 from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
 from shared.schemas import MixShare, SampleResponse
@@ -140,7 +140,8 @@ class ShmWriter(SampleLoop):
             layout[name] = [size, dtype.str, list(shape)]
             size += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
-        for f in DEFAULT_FIELDS:
+        fields = batch_fields(columns)
+        for f in fields:
             col = columns[f]
             place(f, col.dtype, (num_batches, total, *inner, *col.shape[1:]))
         prioritized = any(p.weights is not None for p in resp.parts)
@@ -156,7 +157,7 @@ class ShmWriter(SampleLoop):
             return np.frombuffer(slot.map, dtype=np.dtype(dtype), count=count,
                                  offset=offset).reshape(shape)
 
-        for f in DEFAULT_FIELDS:
+        for f in fields:
             dest, col = view(f), columns[f]
             if len(flats) == 1:
                 np.take(col, flats[0], axis=0, out=dest)

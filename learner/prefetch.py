@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from learner.batching import Batch, assemble_from
-from learner.sampling import SampleLoop
+from learner.sampling import SampleLoop, batch_fields
 from shared.schemas import SampleResponse
 
 
@@ -45,7 +45,7 @@ class Prefetcher(SampleLoop):
     def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
                  offsets: np.ndarray) -> list:
         return assemble_from(columns, offsets, resp.parts, resp.num_batches,
-                             by_key=self.by_buffer is not None)
+                             batch_fields(columns), by_key=self.by_buffer is not None)
 
     def hand(self, batches: list) -> None:
         while not self._closing.is_set():

@@ -34,6 +34,14 @@ from shared.storage import ChunkNotFound, Storage, StorageError
 log = logging.getLogger("rlfleet.learner")
 
 DEFAULT_FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+# Games with illegal moves add the legal actions at obs and next_obs (DQN's targets use them).
+MASK_FIELDS = ("action_mask", "next_action_mask")
+
+
+def batch_fields(columns: Mapping[str, np.ndarray]) -> tuple[str, ...]:
+    """The fields an off-policy batch carries: the usual ones, and the masks where the
+    chunks have them."""
+    return DEFAULT_FIELDS + tuple(f for f in MASK_FIELDS if f in columns)
 
 
 def part_rows(part: Any, offsets: np.ndarray) -> np.ndarray:

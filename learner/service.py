@@ -32,7 +32,7 @@ from learner.reporter import Reporter
 from learner.rollouts import RolloutFeeder
 from shared.algos.base import Policy, make_policy
 from shared.config import ConfigError, RunConfig
-from shared.envs import env_spec
+from shared.envs import run_spec
 from shared.http import HttpError
 from shared.schemas import (
     API,
@@ -204,7 +204,7 @@ class LearnerService(WorkerService):
         sys.setswitchinterval(0.0005)
         cfg = self.wait_config()
         assert self.task is not None
-        policy = make_policy(cfg.algo, env_spec(cfg.env), self.task.seed)
+        policy = make_policy(cfg.algo, run_spec(cfg), self.task.seed)
         queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
         if policy.on_policy and (len(cfg.learner.mix) != 1 or not queues):
             raise ConfigError("learner.mix: an on-policy algorithm learns from whole chunks "

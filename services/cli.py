@@ -8,6 +8,7 @@
     rlfleet status [--coordinator URL]
     rlfleet scaler --coordinator URL                          # compose: collectors as containers
     rlfleet single --config PATH                               # no HTTP, no storage
+    rlfleet battle RUN_DIR [--games N]                         # a self-play policy vs bots
     rlfleet check --config PATH                                # build its env and policy
 
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
@@ -172,6 +173,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_battle(args: argparse.Namespace) -> int:
+    from services.battle import battle_run, print_battle
+
+    print_battle(battle_run(Path(args.run_dir), args.games, args.seed,
+                            Path(args.policy) if args.policy else None))
+    return 0
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own,
     and so does compose's `scaler` (collectors); under Kubernetes use its scale command (the
@@ -235,6 +244,7 @@ def cmd_single(args: argparse.Namespace) -> int:
     from services.single import run_single
     from shared.algos.base import check_run_config
 
+    _setup_logging("single")
     cfg = load_config(args.config).with_overrides(seed=args.seed)
     check_run_config(cfg)
     res = run_single(cfg, progress=lambda s, i, r, t: print(
@@ -308,6 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir", help="runs/<name>")
     pl.add_argument("--out", default=None, help="default: <run_dir>/curves.png")
     pl.set_defaults(func=cmd_plot)
+
+    b = sub.add_parser("battle", help="a self-play run's trained policy against the league's "
+                       "bots and its first snapshot, N games from each seat")
+    b.add_argument("run_dir", help="runs/<name>")
+    b.add_argument("--games", type=int, default=200, help="games per opponent and seat")
+    b.add_argument("--seed", type=int, default=12345)
+    b.add_argument("--policy", default=None, help="default: <run_dir>/best_policy.safetensors")
+    b.set_defaults(func=cmd_battle)
 
     sc = sub.add_parser("scale", help="change the number of collectors or learners of a "
                         "running run")

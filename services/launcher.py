@@ -39,7 +39,7 @@ import yaml
 
 from services.cli import free_port
 from services.forking import ForkedChild, can_fork, fork_role, preload
-from shared.config import ConfigError, RunConfig, load_config, require_runnable
+from shared.config import ConfigError, RunConfig, load_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
@@ -337,10 +337,14 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
 
-    def shutdown(self) -> None:
+    def stop_workers(self) -> None:
+        """Collectors and learners first: what they deliver while leaving still counts, and
+        the coordinator is still there to take it."""
         self.stopping = True
-        workers = [c for c in self.children if c is not self.coordinator]
-        self.stop(workers)
+        self.stop([c for c in self.children if c is not self.coordinator])
+
+    def shutdown(self) -> None:
+        self.stop_workers()
         if self.coordinator is not None:
             self.stop([self.coordinator])
 
@@ -358,7 +362,6 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
     collectors need anyway (`services/forking.py`). A config that names code by import path
     is built by a `rlfleet check` child (that code may import torch), whose one-line error
     becomes ours. Raises `ConfigError`."""
-    require_runnable(cfg)
     if not names_code(cfg):
         from shared.algos.base import check_run_config
 
@@ -593,9 +596,14 @@ def up(args) -> int:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-        if poller is not None:
-            poller.close()
         _save_evaluations(cluster, run_dir)
+        cluster.stop_workers()
+        if poller is not None:
+            # the summary's counters once nothing more can arrive: chunks that workers
+            # delivered after the stop count in them, as they do in league.json
+            if status is not None and outcome != "interrupted":
+                status = poller.poll() or status
+            poller.close()
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,
                        run_dir, cfg, dict(cluster.restarts))

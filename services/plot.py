@@ -2,7 +2,9 @@
 
 Three panels from `<run_dir>/metrics.jsonl`: returns against env steps (sample efficiency),
 the same returns against wall time (what distribution buys), and, per worker role, a stacked
-bar of its mean timers (what to optimise next). Whatever a run did not log is left out.
+bar of its mean timers (what to optimise next). A self-play run adds its league
+(`services/plot_league.py`): ratings over time, the payoff heatmap, and evaluation win and
+loss rates per opponent. Whatever a run did not log is left out.
 Matplotlib is driven through `Figure` directly with the Agg canvas: no display, no pyplot
 global state, so it is safe in a server thread.
 """
@@ -23,6 +25,13 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from services.plot_league import (
+    has_win_rates,
+    load_league,
+    payoff_panel,
+    ratings_panel,
+    win_rate_panel,
+)
 from shared.rundata import RunData, load_run
 
 log = logging.getLogger("rlfleet.plot")
@@ -137,12 +146,16 @@ def plot_run(run_dir: Path, out: Path | None = None) -> PlotResult:
     out = Path(out) if out is not None else run_dir / "curves.png"
     has_curves = any(key in run for key, *_ in CURVES)
     groups = timer_means(run)
-    if not has_curves and not groups:
+    league = load_league(run_dir)
+    win_rates = has_win_rates(run)
+    if not has_curves and not groups and league is None:
         raise ValueError(f"nothing to plot in {run_dir}: no returns "
                          f"({', '.join(k for k, *_ in CURVES)}) and no timers/learner/* or "
                          "timers/collector/* metrics")
 
-    heights = ([4.5] if has_curves else []) + ([1.2 + 0.6 * len(groups)] if groups else [])
+    heights = (([4.5] if has_curves else []) + ([4.5] if win_rates else [])
+               + ([5.0] if league is not None else [])
+               + ([1.2 + 0.6 * len(groups)] if groups else []))
     rows = len(heights)
     fig = Figure(figsize=(13, 0.6 + sum(heights)), dpi=110)
     FigureCanvasAgg(fig)
@@ -164,6 +177,13 @@ def plot_run(run_dir: Path, out: Path | None = None) -> PlotResult:
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8, loc="best")
         result.series += labels
+    row = 1 if has_curves else 0
+    if win_rates:
+        result.series += win_rate_panel(fig.add_subplot(grid[row, :]), run)
+        row += 1
+    if league is not None:
+        result.series += ratings_panel(fig.add_subplot(grid[row, 0]), league)
+        result.series += payoff_panel(fig.add_subplot(grid[row, 1]), league)
     if groups:
         result.series += _timers(fig.add_subplot(grid[rows - 1, :]), groups)
     fig.tight_layout()

@@ -1,13 +1,18 @@
 """The single-process runner: the same rollout, buffers, batching and policy code as the
-cluster, wired by plain function calls. It is the baseline of `bench/time_to_solve.py` (their
-ratio is the cost of distribution) and a quick way to try hyperparameters.
+cluster, wired by plain function calls. It is the baseline of `bench/time_to_solve.py` and
+`bench/selfplay.py` (their ratio is the cost of distribution) and a quick way to try
+hyperparameters.
 
 As in the cluster, one policy object acts and another learns; the actor adopts the learner's
-weights whenever the learner would publish a version.
+weights whenever the learner would publish a version. A config with a `league:` plays its
+game with the battle rollout against a league kept in this process (`_LocalLeague`): the
+same PFSP draws, snapshot rule and evaluation as the coordinator's, snapshots kept in a
+temporary directory.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -15,16 +20,25 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from collector.battle import BattleRollout, OpponentPool, battle_evaluate
 from collector.rollout import Rollout, evaluate
+from coordinator.evaluation import battle_rates
+from coordinator.league import MAIN, League
+from coordinator.matchmaking import as_opponent, eval_opponents, solved_by
 from coordinator.replay import Replay
 from learner.arena import ChunkArena
 from learner.batching import assemble_from
 from learner.feedback import PriorityFeedback
 from learner.rollouts import concat_chunks
+from learner.sampling import batch_fields
 from shared.algos.base import Policy, make_policy
+from shared.codec import encode_weights
 from shared.config import RunConfig
-from shared.envs import env_spec, make_vector_env
-from shared.schemas import ChunkMeta, Consumed, SampleRequest
+from shared.envs import EnvSpec, make_vector_env, run_spec
+from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
+from shared.storage import DirectoryStorage, snapshot_blob
+
+log = logging.getLogger("rlfleet.single")
 
 
 @dataclass
@@ -39,6 +53,7 @@ class SingleResult:
     wall_seconds: float
     solved_s: float | None = None
     solved_env_steps: int | None = None
+    games: int | None = None  # self-play: games played
 
 
 class _Trainer:
@@ -74,7 +89,8 @@ class _Trainer:
             chunk_ids, parts, _ = replay.sample(self.plan, grant, learner.train_iterations,
                                                 self.version)
             offsets = self.arena.offsets(chunk_ids)  # may (re)allocate columns: call first
-            batches = assemble_from(self.arena.columns, offsets, parts, grant)
+            batches = assemble_from(self.arena.columns, offsets, parts, grant,
+                                    batch_fields(self.arena.columns))
             feedback = PriorityFeedback()
             for batch in batches:
                 out = learner.learn(batch.data, batch.weights)
@@ -103,17 +119,77 @@ class _Trainer:
         self.pending = []
 
 
-def run_single(cfg: RunConfig, progress=None) -> SingleResult:
+class _LocalLeague:
+    """The coordinator's league in this process: whom the next game meets, the games
+    recorded, snapshots of the learner's weights, and evaluations by win rate."""
+
+    def __init__(self, cfg: RunConfig, spec: EnvSpec, storage_dir: str) -> None:
+        assert cfg.league is not None
+        self.cfg = cfg
+        self.league = League(cfg.league)
+        self.rng = np.random.default_rng(cfg.seed * 7 + 11)
+        self.storage = DirectoryStorage(storage_dir)
+        self.pool = OpponentPool(cfg, spec, self.storage, cfg.seed)
+        self.stop_reason: str | None = None
+        self.games = 0
+
+    def rollout(self, actor: Policy) -> BattleRollout:
+        c = self.cfg.collector
+        return BattleRollout(self.cfg, actor, self.pool,
+                             lambda: as_opponent(self.league.pick_opponent(self.rng)),
+                             c.chunk_size, c.mode, c.episodes_per_chunk, self.cfg.seed)
+
+    def record(self, chunk) -> None:
+        for game in chunk.games:
+            self.league.record_game(MAIN, game.opponent, game.outcome)
+        self.games += len(chunk.games)
+
+    def maybe_snapshot(self, version: int, learner: Policy) -> None:
+        if self.league.snapshot_due(version):
+            self.storage.put_blob(snapshot_blob(version), encode_weights(
+                learner.policy_state(), {"policy_version": str(version)}))
+            self.league.add_snapshot(version)
+
+    def evaluate(self, actor: Policy, seed: int) -> float:
+        """Mean result (+1, 0, -1) of the evaluation games; sets `stop_reason` when the
+        config's `stop_when` rules are met."""
+        s = self.cfg.league
+        assert s is not None
+        opponents = eval_opponents(self.league)
+        tallies = battle_evaluate(self.cfg, actor, self.pool, opponents,
+                                  self.cfg.eval.episodes, seed, self.cfg.eval.num_envs)
+        rates = battle_rates([BattleOutcome(opponent=t.opponent, first=t.first, win=t.win,
+                                            draw=t.draw, loss=t.loss) for t in tallies])
+        self.stop_reason = solved_by(s, rates, self.league.first_snapshot)
+        log.info("evaluation: %s", "; ".join(
+            f"vs {k} {v['win']:.3f}/{v['draw']:.3f}/{v['loss']:.3f}"
+            for k, v in rates.items() if "/" in k))
+        returns = [r for t in tallies for r in t.returns]
+        return float(np.mean(returns)) if returns else 0.0
+
+
+def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> SingleResult:
+    """`league_dir`: where a self-play run keeps its snapshots (a temporary directory if
+    None)."""
+    if cfg.league is not None and league_dir is None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="rlfleet-single-league-") as tmp:
+            return run_single(cfg, progress, tmp)
     torch.set_num_threads(1)
     start = time.monotonic()
-    spec = env_spec(cfg.env)
-    envs = make_vector_env(cfg.env, cfg.env.num_envs, cfg.seed)
-    eval_envs = make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
+    spec = run_spec(cfg)
+    games = _LocalLeague(cfg, spec, league_dir) if league_dir is not None else None
+    envs = make_vector_env(cfg.env, cfg.env.num_envs, cfg.seed) if games is None else None
+    eval_envs = (make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
+                 if games is None else None)
     actor = make_policy(cfg.algo, spec, cfg.seed)
     learner = make_policy(cfg.algo, spec, cfg.seed)
     replay = Replay(cfg)  # the coordinator's buffers and rate limiters, called directly
     c = cfg.collector
-    rollout = Rollout(envs, actor, c.chunk_size, c.mode, c.episodes_per_chunk)
+    rollout: Rollout | BattleRollout = (
+        games.rollout(actor) if games is not None
+        else Rollout(envs, actor, c.chunk_size, c.mode, c.episodes_per_chunk))
     chunks: dict[str, dict[str, np.ndarray]] = {}
     trainer = _Trainer(cfg, replay, actor, learner, chunks)
     actor.load_policy(0, learner.policy_state())
@@ -134,16 +210,23 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
             chunks.pop(gone, None)
         trainer.train()
         steps = rollout.env_steps
+        if games is not None:
+            games.record(chunk)
+            games.maybe_snapshot(trainer.version, learner)
         if (every and steps >= next_eval) or (every_it and learner.train_iterations
                                                 >= next_eval_it):
             next_eval, next_eval_it = steps + every, learner.train_iterations + every_it
-            returns, _ = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
-            eval_return = float(np.mean(returns))
+            if games is not None:
+                eval_return = games.evaluate(actor, cfg.seed + steps)
+            else:
+                returns, _ = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
+                eval_return = float(np.mean(returns))
             if progress:
                 progress(steps, learner.train_iterations, eval_return, time.monotonic() - start)
             if t195 is None and eval_return >= 195:
                 t195, s195 = time.monotonic() - start, steps
-            if cfg.eval.stop_value is not None and eval_return >= cfg.eval.stop_value:
+            if (games is not None and games.stop_reason) or (
+                    cfg.eval.stop_value is not None and eval_return >= cfg.eval.stop_value):
                 solved = True
                 t_solved, s_solved = time.monotonic() - start, steps
                 break
@@ -151,11 +234,12 @@ def run_single(cfg: RunConfig, progress=None) -> SingleResult:
             break
         if cfg.stop.max_wall_s and time.monotonic() - start >= cfg.stop.max_wall_s:
             break
-    envs.close()
-    eval_envs.close()
+    if envs is not None and eval_envs is not None:
+        envs.close()
+        eval_envs.close()
     return SingleResult(solved, t195, s195, eval_return, rollout.env_steps,
                         learner.train_iterations, trainer.version, time.monotonic() - start,
-                        t_solved, s_solved)
+                        t_solved, s_solved, games.games if games is not None else None)
 
 
 if __name__ == "__main__":  # quick manual runs: python -m services.single CONFIG [SEED]

@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
+
+
+def league_table(league: dict[str, Any]) -> Table:
+    """Players best first, with the main player's record against each and the chance PFSP
+    gives it to be met next."""
+    pay = league["payoff"]
+    row = pay["players"].index("main") if "main" in pay["players"] else None
+    table = Table(title=f"league: {league['games']:,} games")
+    for col in ("#", "player", "kind", "version", "mu", "sigma", "ordinal", "rated games",
+                "main's win/draw/loss", "next"):
+        table.add_column(col, justify="right")
+    probabilities = league.get("probabilities", {})
+    for rank, p in enumerate(league["players"], 1):
+        record = "-"
+        if row is not None and p["name"] in pay["players"]:
+            j = pay["players"].index(p["name"])
+            record = f"{pay['win'][row][j]}/{pay['draw'][row][j]}/{pay['loss'][row][j]}"
+        chance = probabilities.get(p["name"])
+        table.add_row(str(rank), p["name"], p["kind"],
+                      "-" if p["policy_version"] is None else str(p["policy_version"]),
+                      f"{p['mu']:.2f}", f"{p['sigma']:.2f}", f"{p['ordinal']:.2f}",
+                      f"{p['games']:,}", record,
+                      "-" if chance is None else f"{100 * chance:.1f}%")
+    return table
 
 
 def print_status(coordinator_url: str) -> int:
@@ -63,6 +89,9 @@ def print_status(coordinator_url: str) -> int:
         for w in group.get("standby", []):
             ranks.add_row("standby", w, "-", "-")
         console.print(ranks)
+    league = s.get("league")
+    if league:
+        console.print(league_table(league))
     tasks = Table(title="active tasks")
     for col in ("id", "kind", "worker", "state"):
         tasks.add_column(col)

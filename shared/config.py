@@ -284,6 +284,23 @@ class CoordinatorConfig(_Frozen):
 BUILT_IN_BOTS = {"random": None, "perfect": ("tictactoe_v3",)}  # bot -> the games it plays
 
 
+class WinRateRule(_Frozen):
+    """A self-play stop condition on one evaluation's games against a bot."""
+
+    opponent: str = Field(description="'bot-<bot>' (a bot of league.bots) or 'snapshot-first' "
+                          "(the league's first snapshot, which it keeps)")
+    seat: Literal["all", "first", "second"] = Field("all", description="games as first "
+                                                    "player, as second, or all of them")
+    min_win: float | None = Field(None, ge=0, le=1, description="win rate at least this")
+    max_loss: float | None = Field(None, ge=0, le=1, description="loss rate at most this")
+
+    @model_validator(mode="after")
+    def _says_something(self) -> WinRateRule:
+        if self.min_win is None and self.max_loss is None:
+            raise ValueError("league.stop_when: a rule needs min_win or max_loss")
+        return self
+
+
 class LeagueConfig(_Frozen):
     """Self-play: `env.id` is a two-player game and the main player meets a league of its
     past snapshots and fixed bots (`coordinator/league.py`)."""
@@ -296,13 +313,19 @@ class LeagueConfig(_Frozen):
                                      "share of its games against the newest snapshot")
     snapshot_min_games: int = Field(50, ge=1, description="games against the newest snapshot "
                                     "before its win rate counts")
-    max_snapshots: int = Field(20, ge=1, description="the oldest snapshots leave beyond this")
+    max_snapshots: int = Field(20, ge=2, description="the oldest snapshots leave beyond this "
+                               "(the first one stays)")
     self_play_fraction: float = Field(0.2, ge=0, le=1, description="share of games against "
                                       "itself; the rest by PFSP")
     weighting: Literal["hard", "variance", "linear", "uniform"] = Field(
         "hard", description="PFSP weighting of the main player's win rate p: hard (1-p)^power, "
         "variance p(1-p), linear 1-p, uniform")
     power: float = Field(2.0, gt=0, description="the exponent of the hard weighting")
+    eval_snapshots: int = Field(2, ge=0, le=16, description="evaluations also play the "
+                                "newest this many snapshots (besides every bot and the first "
+                                "snapshot)")
+    stop_when: tuple[WinRateRule, ...] = Field((), description="the run is solved once one "
+                                               "evaluation meets every rule")
 
 
 class RunConfig(_Frozen):
@@ -403,6 +426,11 @@ class RunConfig(_Frozen):
                                  f"{sorted(BUILT_IN_BOTS)} or 'package.module:make_bot'")
         if len(set(league.bots)) != len(league.bots):
             raise ValueError("league.bots: each bot once")
+        names = [f"bot-{bot}" for bot in league.bots] + ["snapshot-first"]
+        for rule in league.stop_when:
+            if rule.opponent not in names:
+                raise ValueError(f"league.stop_when: opponent {rule.opponent!r} is not one of "
+                                 f"{names}")
 
     def group_problem(self, learners: int) -> str | None:
         """Why a learner group of this size cannot split this config's work, or None."""
@@ -436,16 +464,6 @@ class RunConfig(_Frozen):
         data = self.model_dump()
         data.update({k: v for k, v in changes.items() if v is not None})
         return parse_config(data, "overrides")
-
-
-def require_runnable(cfg: RunConfig) -> None:
-    """Refuse, by field, what a config may say but the cluster cannot run yet: a `league:`
-    is checked (its game, bots and policy), but battle collectors that play it are not
-    built (issue 15), and a worker would otherwise fail on the game's first reset."""
-    if cfg.league is not None:
-        raise ConfigError("config: field 'league': self-play runs cannot be launched yet: the "
-                          "league, the games and action masks exist, the battle collectors "
-                          "that play them do not (`rlfleet check` checks such a config)")
 
 
 def format_validation_error(err: ValidationError, source: str = "config") -> str:

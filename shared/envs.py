@@ -8,6 +8,7 @@ first time it is used, so vector envs and wrappers treat it like any other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -119,6 +120,16 @@ def env_spec(cfg: EnvConfig) -> EnvSpec:
                        action_high=tuple(float(x) for x in act_space.high.ravel()))
     raise ValueError(f"env.id={cfg.id!r} has action space {act_space}; expected Discrete or "
                      "Box")
+
+
+def run_spec(cfg: Any) -> EnvSpec:
+    """The spec of a run's env (a `RunConfig`): under a league, one side's view of the
+    two-player game."""
+    if getattr(cfg, "league", None) is not None:
+        from shared.games.match import game_spec
+
+        return game_spec(cfg.env.id, cfg.env.kwargs)
+    return env_spec(cfg.env)
 
 
 def final_next_obs(next_obs: np.ndarray, info: dict, done: np.ndarray) -> np.ndarray:

@@ -137,6 +137,46 @@ class GroupAssignment(Response):
 
 # -- tasks (coordinator -> worker, POST /task) ----------------------------------------------
 
+# A league player's name: 'main', 'snapshot-<version>', 'bot-<bot>' (a user's bot is named by
+# its import path, hence the colon).
+PlayerName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,255}$")]
+
+
+class Opponent(Request):
+    """Whom the learning side of a battle collector meets in one game: a league player.
+    `main` is the learning policy itself (self-play), a snapshot a frozen policy version
+    in storage, a bot a fixed player named by `bot`."""
+
+    name: PlayerName = Field(description="the league player: 'main', 'snapshot-<version>', "
+                     "'bot-<bot>'")
+    kind: Literal["main", "snapshot", "bot"]
+    policy_version: Version | None = Field(None, description="a snapshot's frozen version")
+    bot: str | None = Field(None, max_length=256, description="a bot: 'random', 'perfect' "
+                            "or 'package.module:make_bot'")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Opponent:
+        if self.kind == "snapshot" and (self.policy_version is None
+                                        or self.policy_version < 0):
+            raise ValueError("policy_version: a snapshot opponent needs its version (>= 0)")
+        if self.kind == "bot" and not self.bot:
+            raise ValueError("bot: a bot opponent needs the bot's name")
+        return self
+
+
+class GameRecord(Request):
+    """One finished game of a battle collector, from the learning side's point of view."""
+
+    opponent: PlayerName = Field(description="the league player it met")
+    policy_version: Version = Field(description="the learning side's policy version (the "
+                                    "oldest that moved in the game)")
+    opponent_version: Version | None = Field(description="the opponent's policy version "
+                                             "(null for a bot)")
+    first: bool = Field(description="the learning side moved first")
+    outcome: Literal["win", "draw", "loss"]
+    plies: Count = Field(description="moves by both sides")
+
+
 class CollectTask(Request):
     kind: Literal[TaskKind.COLLECT] = TaskKind.COLLECT
     task_id: Id
@@ -147,6 +187,9 @@ class CollectTask(Request):
                             "per chunk")
     episodes_per_chunk: int = Field(4, ge=1, le=10_000, description="episodes mode: whole "
                                     "episodes per chunk")
+    opponents: list[Opponent] = Field(default_factory=list, max_length=1024, description=(
+        "self-play: whom the next games meet, in order (then each chunk report's answer "
+        "brings more)"))
 
 
 class LearnTask(Request):
@@ -164,6 +207,9 @@ class EvaluateTask(Request):
     seed: int
     stochastic: bool = Field(True, description="after the deterministic episodes, run as many "
                              "with the exploring policy")
+    battles: list[Opponent] = Field(default_factory=list, max_length=64, description=(
+        "self-play: play `episodes` games against each of these as first player and as "
+        "many as second, instead of episodes"))
 
 
 Task = Annotated[CollectTask | LearnTask | EvaluateTask, Field(discriminator="kind")]
@@ -196,6 +242,11 @@ class ChunkMeta(Request):
     episode_return_components: list[list[Return]] = Field(
         default_factory=list, max_length=100_000, description="vector-reward envs: each "
         "finished episode's return per reward component (before scalarising)")
+    games: list[GameRecord] = Field(default_factory=list, max_length=100_000, description=(
+        "self-play: the games that ended in this chunk, both sides' versions and outcome"))
+    opponents_skipped: list[PlayerName] = Field(default_factory=list, max_length=1024, description=(
+        "self-play: assigned opponents the collector could not load (their games were "
+        "played against the learning policy itself)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> ChunkMeta:
@@ -230,6 +281,8 @@ class ChunkReportResponse(Response):
     throttle_s: float = Field(description="how long the collector should wait before "
                               "producing more: the replay ratio says the learner is behind")
     stop: bool
+    opponents: list[Opponent] = Field(default_factory=list, description="self-play: whom the "
+                                      "next games meet (one per game reported)")
 
 
 # -- sampling and learning (learner <-> coordinator) ----------------------------------------
@@ -350,14 +403,27 @@ class EvalEpisodes(Request):
         return self
 
 
+class BattleOutcome(Request):
+    """Evaluation games against one league player from one seat."""
+
+    opponent: PlayerName
+    first: bool = Field(description="the evaluated policy moved first")
+    win: Count
+    draw: Count
+    loss: Count
+
+
 class EvaluationReport(Request):
-    """Episodes of one evaluation task: `deterministic` always, `stochastic` when asked."""
+    """Episodes of one evaluation task: `deterministic` always, `stochastic` when asked. A
+    self-play run's evaluation plays games (`battles`); its `deterministic` episodes are
+    those games, each returning +1, 0 or -1."""
 
     worker_id: Id
     task_id: Id
     policy_version: Version
     deterministic: EvalEpisodes
     stochastic: EvalEpisodes | None = None
+    battles: list[BattleOutcome] = Field(default_factory=list, max_length=1024)
 
 
 class EvalSummary(Response):
@@ -385,6 +451,9 @@ class EvaluationResult(Response):
     wall_time: float
     deterministic: EvalSummary | None = None
     stochastic: EvalSummary | None = None
+    battles: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="self-play: rates ('win', 'draw', 'loss') and "
+        "'games' by opponent ('bot-random'), and by seat ('bot-random/first')")
 
 
 class TaskResult(Request):
@@ -608,6 +677,36 @@ class LearnerGroupStatus(Response):
     history: list[GroupReformation] = Field(description="the last 10 re-formations")
 
 
+class LeaguePlayer(Response):
+    name: str
+    kind: Literal["main", "snapshot", "bot"]
+    policy_version: int | None
+    mu: float
+    sigma: float
+    ordinal: float = Field(description="mu - 3 sigma, what players are ranked by")
+    games: int = Field(description="rated games (self-play is not rated)")
+
+
+class Payoff(Response):
+    players: list[str]
+    win: list[list[int]] = Field(description="win[i][j]: games players[i] won against "
+                                 "players[j]")
+    draw: list[list[int]]
+    loss: list[list[int]]
+
+
+class LeagueView(Response):
+    """`GET /league`: the self-play league's players, ratings and payoff matrix."""
+
+    games: int
+    players: list[LeaguePlayer] = Field(description="best ordinal first")
+    probabilities: dict[str, float] = Field(description="chance the main player meets each "
+                                            "opponent next ('main': self-play)")
+    payoff: Payoff
+    ratings: dict[str, list[tuple[int, float, float]]] = Field(
+        default_factory=dict, description="per player, (league game, mu, sigma) points")
+
+
 class Status(Response):
     """`GET /status`: the whole run at one glance (`rlfleet status` prints it)."""
 
@@ -627,3 +726,5 @@ class Status(Response):
     best_evaluation: EvaluationResult | None
     ledger: Ledger
     learner_group: LearnerGroupStatus
+    league: LeagueView | None = Field(None, description="self-play runs: the league (without "
+                                      "rating histories)")

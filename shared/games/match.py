@@ -88,58 +88,105 @@ class Game:
     next_mask: list[np.ndarray] = field(default_factory=list)
     terminated: list[bool] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    extras: dict[str, list[Any]] = field(default_factory=dict)  # what the policy's act kept
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The transitions as a chunk's columns (`action_mask`, `next_action_mask` beside
-        the usual fields)."""
-        return {"obs": np.asarray(self.obs, dtype=np.float32),
-                "action": np.asarray(self.action, dtype=np.int64),
-                "reward": np.asarray(self.reward, dtype=np.float32),
-                "next_obs": np.asarray(self.next_obs, dtype=np.float32),
-                "terminated": np.asarray(self.terminated, dtype=bool),
-                "truncated": np.asarray(self.truncated, dtype=bool),
-                "action_mask": np.asarray(self.mask, dtype=bool),
-                "next_action_mask": np.asarray(self.next_mask, dtype=bool)}
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def columns(self, start: int = 0) -> dict[str, np.ndarray]:
+        """Transitions `start`.. as a chunk's columns (`action_mask`, `next_action_mask`
+        beside the usual fields, and the acting policy's extras)."""
+        out = {"obs": np.asarray(self.obs[start:], dtype=np.float32),
+               "action": np.asarray(self.action[start:], dtype=np.int64),
+               "reward": np.asarray(self.reward[start:], dtype=np.float32),
+               "next_obs": np.asarray(self.next_obs[start:], dtype=np.float32),
+               "terminated": np.asarray(self.terminated[start:], dtype=bool),
+               "truncated": np.asarray(self.truncated[start:], dtype=bool),
+               "action_mask": np.asarray(self.mask[start:], dtype=bool),
+               "next_action_mask": np.asarray(self.next_mask[start:], dtype=bool)}
+        for key, values in self.extras.items():
+            out[key] = np.asarray(values[start:], dtype=np.float32)
+        return out
+
+
+class Table:
+    """One game in progress, moved one ply at a time by whoever is to move.
+
+    A battle collector keeps many tables and moves all of them at once, so each side's
+    policy acts on a batch of boards (one forward pass for all the learning side's moves);
+    `play` is the same thing for one table. The learning side's transitions span the
+    opponent's reply: PettingZoo's `last()` hands each agent its reward accumulated since its
+    previous move, which is what the learning side's last move earned."""
+
+    def __init__(self, env: Any, record: bool = True) -> None:
+        self.env = env
+        self.record = record
+        self.game = Game("draw", 0, True)
+        self.done = True
+        self.mine = False  # the learning side is to move
+        self.obs = np.zeros(0)
+        self.mask = np.zeros(0, dtype=bool)
+        self._me = ""
+        self._pending: tuple[np.ndarray, np.ndarray, int, dict[str, Any]] | None = None
+        self._total = 0.0
+
+    def reset(self, seed: int, learner_first: bool) -> None:
+        self.env.reset(seed=seed)
+        first, second = self.env.possible_agents
+        self._me = first if learner_first else second
+        self.game = Game("draw", 0, learner_first)
+        self._pending = None
+        self._total = 0.0
+        self.done = False
+        self._advance()
+
+    def move(self, action: int, extras: dict[str, Any] | None = None) -> None:
+        """Play `action` for the side to move (`extras`: what the learning side's policy
+        returned beside it, kept with the transition)."""
+        action = int(action)
+        if not 0 <= action < self.mask.size or not self.mask[action]:
+            side = "the learning side" if self.mine else "the opponent"
+            raise GameError(f"{side} chose illegal action {action} "
+                            f"(legal: {np.flatnonzero(self.mask).tolist()})")
+        if self.mine:
+            self._pending = (self.obs, self.mask, action, extras or {})
+        self.env.step(action)
+        self.game.plies += 1
+        self._advance()
+
+    def _advance(self) -> None:
+        """Pass the turns of sides whose game is over, recording the learning side's last
+        transition, until someone must move or nobody is left."""
+        env = self.env
+        while env.agents:
+            agent = env.agent_selection
+            observation, reward, terminated, truncated, _ = env.last()
+            obs, mask = _split(observation)
+            if agent == self._me:
+                self._total += float(reward)
+                if self._pending is not None and self.record:
+                    _add(self.game, self._pending, float(reward), obs, mask, terminated,
+                         truncated and not terminated)
+                self._pending = None
+            if terminated or truncated:
+                env.step(None)
+                continue
+            self.mine, self.obs, self.mask = agent == self._me, obs, mask
+            return
+        self.done = True
+        self.game.outcome = ("win" if self._total > 0 else "loss" if self._total < 0
+                             else "draw")
 
 
 def play(env: Any, learner: Actor, opponent: Actor, learner_first: bool, seed: int,
          record: bool = True) -> Game:
     """Play one game; `record=False` (evaluation) keeps only the outcome."""
-    env.reset(seed=seed)
-    first, second = env.possible_agents
-    me = first if learner_first else second
-    game = Game("draw", 0, learner_first)
-    pending: tuple[np.ndarray, np.ndarray, int] | None = None  # my last move, unanswered
-    total = 0.0
-    for agent in env.agent_iter():
-        observation, reward, terminated, truncated, _ = env.last()
-        obs, mask = _split(observation)
-        done = terminated or truncated
-        if agent == me:
-            total += float(reward)
-            if pending is not None and record:
-                _add(game, pending, float(reward), obs, mask, terminated,
-                     truncated and not terminated)
-            pending = None
-            if done:
-                env.step(None)
-                continue
-            action = int(learner(obs, mask))
-            if not 0 <= action < mask.size or not mask[action]:
-                raise GameError(f"the learning side chose illegal action {action} "
-                                f"(legal: {np.flatnonzero(mask).tolist()})")
-            pending = (obs, mask, action)
-        else:
-            if done:
-                env.step(None)
-                continue
-            action = int(opponent(obs, mask))
-            if not 0 <= action < mask.size or not mask[action]:
-                raise GameError(f"the opponent chose illegal action {action}")
-        env.step(action)
-        game.plies += 1
-    game.outcome = "win" if total > 0 else "loss" if total < 0 else "draw"
-    return game
+    table = Table(env, record)
+    table.reset(seed, learner_first)
+    while not table.done:
+        actor = learner if table.mine else opponent
+        table.move(actor(table.obs, table.mask))
+    return table.game
 
 
 def _split(observation: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -150,10 +197,12 @@ def _split(observation: Any) -> tuple[np.ndarray, np.ndarray]:
                     "PettingZoo's classic games do")
 
 
-def _add(game: Game, pending: tuple[np.ndarray, np.ndarray, int], reward: float,
-         next_obs: np.ndarray, next_mask: np.ndarray, terminated: bool,
+def _add(game: Game, pending: tuple[np.ndarray, np.ndarray, int, dict[str, Any]],
+         reward: float, next_obs: np.ndarray, next_mask: np.ndarray, terminated: bool,
          truncated: bool) -> None:
-    obs, mask, action = pending
+    obs, mask, action, extras = pending
+    for key, value in extras.items():
+        game.extras.setdefault(key, []).append(value)
     game.obs.append(obs)
     game.mask.append(mask)
     game.action.append(action)

@@ -24,6 +24,12 @@ def evaluated_blob(task_id: str) -> str:
     return f"evaluated-{task_id}"
 
 
+def snapshot_blob(version: int) -> str:
+    """Blob name of a league snapshot's weights: a policy version kept for as long as the
+    league holds it (published versions are pruned within seconds)."""
+    return f"league-snapshot-{int(version)}"
+
+
 def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = None
                  ) -> Storage:
     """`redis://host:port/db` gives Redis (keys under `rlfleet:<namespace>:`); anything else
@@ -69,4 +75,5 @@ def _retry_s() -> float:
 
 
 __all__ = ["ChunkNotFound", "DirectoryStorage", "RedisStorage", "Storage", "StorageError",
-           "VersionConflict", "evaluated_blob", "open_storage", "validate_id"]
+           "VersionConflict", "evaluated_blob", "open_storage", "snapshot_blob",
+           "validate_id"]

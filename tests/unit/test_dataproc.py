@@ -20,7 +20,7 @@ from .helpers import buffer_config, collector_and_learner, ok, post, report, wai
 PRIORITIZED = {"buffers": {"replay": buffer_config(kind="prioritized", alpha=0.6, beta=0.4)}}
 
 
-def _write_chunks(c, count: int, n: int = 128) -> dict[str, int]:
+def _write_chunks(c, count: int, n: int = 128, masks: bool = False) -> dict[str, int]:
     """Chunks whose rows tell who they are: obs[:, 0] is a row's unique id, next_obs[:, 0]
     the id + 0.5, reward the id, action the id mod 2, terminated every 7th row."""
     store = DirectoryStorage(c.storage_dir)
@@ -34,15 +34,20 @@ def _write_chunks(c, count: int, n: int = 128) -> dict[str, int]:
         arrays = {"obs": obs, "next_obs": next_obs, "reward": ids.copy(),
                   "action": (ids % 2).astype(np.int64), "terminated": ids % 7 == 0,
                   "truncated": np.zeros(n, bool)}
+        if masks:  # a game's legal moves: action i is legal where bit i of the id is set
+            bits = ids.astype(np.int64)[:, None] >> np.arange(9) & 1
+            arrays["action_mask"] = bits.astype(bool)
+            arrays["next_action_mask"] = ~bits.astype(bool)
         chunk_id = uuid.uuid4().hex
         store.put_chunk(chunk_id, encode_arrays(arrays, {"policy_version": "-1"}))
         chunks[chunk_id] = n
     return chunks
 
 
-def _fed(c, make_sink, count: int = 4) -> dict:
+def _fed(c, make_sink, count: int = 4, masks: bool = False) -> dict:
     col, collect, lrn, _ = collector_and_learner(c, make_sink)
-    ok(report(c, col["worker_id"], collect["task_id"], list(_write_chunks(c, count).items())))
+    ok(report(c, col["worker_id"], collect["task_id"],
+              list(_write_chunks(c, count, masks=masks).items())))
     return lrn
 
 
@@ -86,6 +91,22 @@ def test_batches_are_the_rows_the_coordinator_sampled(coordinator, task_sink):
         dp.close()
     assert dp._proc is not None and dp._proc.returncode == 0
     assert _own_files(dp) == []
+
+
+def test_a_games_action_masks_ride_along_row_for_row(coordinator, task_sink):
+    c = coordinator()
+    dp = _data_process(c, _fed(c, task_sink, masks=True))
+    try:
+        batches = wait_for(lambda: dp.get(timeout=1.0), what="an answer's batches")
+        for batch in batches:
+            d = batch.data
+            ids = d["obs"][:, 0].numpy().astype(np.int64)
+            bits = (ids[:, None] >> np.arange(9) & 1).astype(bool)
+            assert str(d["action_mask"].dtype) == "torch.bool"
+            assert np.array_equal(d["action_mask"].numpy(), bits)
+            assert np.array_equal(d["next_action_mask"].numpy(), ~bits)
+    finally:
+        dp.close()
 
 
 def test_a_prioritized_answer_carries_weights_and_item_ids(coordinator, task_sink):

@@ -121,7 +121,11 @@ def test_snapshots_join_every_k_versions_or_when_beaten_often_enough():
     league.add_snapshot(50)
     league.add_snapshot(150)
     assert [p for p in league.opponents() if p.startswith("snapshot")] == [
-        snapshot_name(50), snapshot_name(150)]  # the oldest left the pool
+        snapshot_name(0), snapshot_name(150)]  # the oldest left, but not the first
+    league.add_snapshot(250)
+    assert [p for p in league.opponents() if p.startswith("snapshot")] == [
+        snapshot_name(0), snapshot_name(250)]
+    assert league.first_snapshot == snapshot_name(0)
 
 
 def test_self_play_games_do_not_move_ratings_and_unknown_players_only_count():
@@ -162,3 +166,17 @@ def test_a_league_comes_back_whole_from_its_state_or_its_records():
 def test_a_bad_weighting_is_refused_by_name():
     with pytest.raises(ValueError, match="weighting"):
         LeagueConfig(weighting="hardest")
+
+
+def test_rating_history_spans_the_whole_run_at_falling_resolution():
+    league = League(LeagueConfig(bots=("random",)), rating_history=16)
+    for _ in range(200):
+        league.record_game(MAIN, "bot-random", "win")
+    points = league.players[MAIN].ratings
+    assert len(points) <= 16
+    games = [g for g, _, _ in points]
+    assert games == sorted(games) and games[0] <= 16 and games[-1] >= 200 - 16
+    again = League(LeagueConfig(bots=("random",)), rating_history=16)
+    again.restore(league.state())
+    assert again.players[MAIN].ratings == points
+    assert again.players[MAIN].stride == league.players[MAIN].stride

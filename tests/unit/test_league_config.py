@@ -52,19 +52,3 @@ def test_a_game_that_cannot_be_built_is_refused_at_the_check(env_id, message):
     cfg = parse_config(data)
     with pytest.raises(ConfigError, match=f"env.id='{env_id}'.*{message}"):
         check_run_config(cfg, build=False)
-
-
-def test_a_self_play_run_is_refused_at_launch_until_battle_collectors_exist(tmp_path):
-    """Said at once by name, not by every worker failing on the game's first reset."""
-    import yaml
-
-    from coordinator.service import Coordinator
-    from services.launcher import check_config
-
-    cfg = parse_config(_config())
-    path = tmp_path / "selfplay.yaml"
-    path.write_text(yaml.safe_dump(_config()))
-    with pytest.raises(ConfigError, match="field 'league'.*cannot be launched yet"):
-        check_config(cfg, path)
-    with pytest.raises(ConfigError, match="field 'league'"):
-        Coordinator(cfg, str(tmp_path / "storage"))

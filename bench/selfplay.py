@@ -1,0 +1,206 @@
+"""Self-play games per second through the cluster, beside the same games in one process.
+
+For each game (tic-tac-toe, Connect Four), its training config (`configs/<game>-selfplay
+.yaml`, its replay ratio kept; evaluations and stop rules off, so both sides only play and
+learn) runs three ways, in turn:
+- *in one process* (the ceiling the issue names): `services.single.run_single` plays the same
+  games with the same battle rollout, league (PFSP draws, snapshots) and learner at the same
+  replay ratio, wired by function calls: no HTTP, no storage, one core;
+- *through the cluster*: `rlfleet up` with one collector (`--collectors N`) and the learner;
+  its games are the coordinator's episode count in the run's `info` records, timed by their
+  wall clock over the steady part of the run;
+- *playing only* (for reference): the battle rollout alone, no learner, one core: how fast
+  the games themselves go.
+
+`ratio` = cluster / one process; the goal is >= 0.7. What the cluster pays beside the games:
+chunk encoding and writes, reports and their answers (which carry the next opponents),
+policy refreshes and snapshot loads; what it gains: playing and learning on two cores at
+once. The one-process figure includes its first seconds, before the buffer's `min_size`,
+when it plays without learning (a slight bias in its favour). Each figure is measured
+`--repeats` times and reported with its spread (this machine is shared and noisy).
+
+    python bench/selfplay.py [--games tictactoe_v3 connect_four_v3] [--seconds 30]
+                             [--repeats 2] [--collectors 1]
+
+The last line of stdout is one JSON object: `games_per_s`, `in_process_games_per_s` and
+`ratio` (each the median per game), `ratio_min` (the worse game), `play_only_games_per_s`,
+and `runs` (every figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    REPO_ROOT,
+    emit,
+    fmt,
+    log,
+    median,
+    print_tables,
+    ratio,
+    rounded,
+)
+
+CONFIGS = {"tictactoe_v3": "configs/tictactoe-selfplay.yaml",
+           "connect_four_v3": "configs/connect4-selfplay.yaml"}
+WARMUP_S = 12.0  # start-up, torch's import, the buffer's min_size: not the steady pace
+
+
+def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
+    from shared.config import load_config
+
+    data = load_config(REPO_ROOT / CONFIGS[game]).model_dump(mode="json")
+    data["name"] = name
+    data["storage"] = str(tmp / name / "storage")
+    data["eval"].update(every_env_steps=10**12, stop_value=None)
+    data["league"]["stop_when"] = []
+    data["stop"] = {"max_env_steps": None, "max_wall_s": seconds}
+    data["logging"]["scopes"]["info"]["every_env_steps"] = 500
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def single_process(config: Path) -> float:
+    """Games per second of one process playing and learning (`rlfleet single`)."""
+    from services.single import run_single
+    from shared.config import load_config
+
+    result = run_single(load_config(config))
+    assert result.games is not None
+    return result.games / result.wall_seconds
+
+
+def play_only(config: Path, seconds: float) -> float:
+    """Games per second of one process playing the config's tables, learning nothing."""
+    import numpy as np
+    import torch
+
+    from collector.battle import BattleRollout, OpponentPool
+    from coordinator.league import League
+    from coordinator.matchmaking import as_opponent
+    from shared.algos.base import make_policy
+    from shared.config import load_config
+    from shared.envs import run_spec
+    from shared.storage import DirectoryStorage
+
+    torch.set_num_threads(1)
+    cfg = load_config(config)
+    assert cfg.league is not None
+    spec = run_spec(cfg)
+    policy = make_policy(cfg.algo, spec, cfg.seed)
+    policy.load_policy(0, policy.policy_state())
+    league = League(cfg.league)
+    rng = np.random.default_rng(cfg.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = OpponentPool(cfg, spec, DirectoryStorage(tmp), cfg.seed)
+        rollout = BattleRollout(cfg, policy, pool,
+                                lambda: as_opponent(league.pick_opponent(rng)),
+                                cfg.collector.chunk_size, cfg.collector.mode,
+                                cfg.collector.episodes_per_chunk, cfg.seed)
+        deadline = time.perf_counter() + 2.0
+        while time.perf_counter() < deadline:  # warm up
+            rollout.collect(10**9)
+        games0, t0 = rollout.games_played, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            chunk = rollout.collect(10**9)
+            for g in chunk.games:
+                league.record_game("main", g.opponent, g.outcome)
+        return (rollout.games_played - games0) / (time.perf_counter() - t0)
+
+
+def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int) -> float:
+    """Games per second the coordinator accepted over the steady part of a run."""
+    wall = WARMUP_S + seconds
+    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
+           "--max-wall-s", str(wall)]  # the config's own limit is the one-process run's
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=wall + 120)
+    if proc.returncode not in (0, 3):  # 3: stopped by its budget, not solved
+        raise RuntimeError(f"rlfleet up failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    points = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        with_json = json.loads(line)
+        if with_json.get("scope") == "info" and "counters/episodes" in with_json:
+            points.append((with_json["wall_time"], with_json["counters/episodes"]))
+    if len(points) < 3:
+        raise RuntimeError(f"too few info records in {run_dir} to time the games")
+    t_end, g_end = points[-1]
+    steady = [p for p in points if p[0] >= t_end - seconds] or points[-2:]
+    t0, g0 = steady[0]
+    if t_end <= t0:
+        t0, g0 = points[-2]
+    return (g_end - g0) / (t_end - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--games", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per run")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--collectors", type=int, default=1)
+    args = ap.parse_args()
+
+    runs: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="rlfleet-selfplay-") as tmp_s:
+        tmp = Path(tmp_s)
+        for game in args.games:
+            runs[game] = {"in_process": [], "cluster": [], "play_only": []}
+            for r in range(args.repeats):
+                name = f"selfplay-{game}-{r}"
+                config = bench_config(game, tmp, name, args.seconds)
+                log(f"{game} run {r + 1}/{args.repeats}: one process...")
+                runs[game]["in_process"].append(single_process(config))
+                log(f"{game} run {r + 1}/{args.repeats}: rlfleet up...")
+                runs[game]["cluster"].append(
+                    through_cluster(config, tmp / name, args.seconds, args.collectors))
+                log(f"{game} run {r + 1}/{args.repeats}: playing only...")
+                runs[game]["play_only"].append(play_only(config, min(args.seconds, 10.0)))
+                log(f"  one process {runs[game]['in_process'][-1]:.0f}, cluster "
+                    f"{runs[game]['cluster'][-1]:.0f}, playing only "
+                    f"{runs[game]['play_only'][-1]:.0f} games/s")
+
+    table = Table(title="self-play games per second (playing and learning)", caption=(
+        f"cluster: rlfleet up, {args.collectors} collector(s) and the learner; one process: "
+        "the same games, league and learning at the config's replay ratio (rlfleet single); "
+        "playing only: no learner"))
+    for col in ("game", "one process (ceiling)", "cluster", "ratio", "playing only",
+                "runs (one process / cluster)"):
+        table.add_column(col)
+    out: dict = {"games_per_s": {}, "in_process_games_per_s": {}, "ratio": {},
+                 "play_only_games_per_s": {}}
+    for game, figs in runs.items():
+        ceiling, cluster = median(figs["in_process"]), median(figs["cluster"])
+        r = ratio(cluster, ceiling)
+        out["games_per_s"][game] = rounded(cluster, 1)
+        out["in_process_games_per_s"][game] = rounded(ceiling, 1)
+        out["ratio"][game] = rounded(r, 3)
+        out["play_only_games_per_s"][game] = rounded(median(figs["play_only"]), 1)
+        table.add_row(game, fmt(ceiling), fmt(cluster), fmt(r, ".3f"),
+                      fmt(median(figs["play_only"])), ", ".join(
+                          f"{a:.0f}/{b:.0f}" for a, b in zip(figs["in_process"],
+                                                             figs["cluster"], strict=True)))
+    print_tables(table)
+    ratios = [v for v in out["ratio"].values() if v is not None]
+    out["ratio_min"] = min(ratios) if ratios else None
+    out["goal"] = {"ratio": 0.7}
+    out["runs"] = runs
+    emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
