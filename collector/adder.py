@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.codec import encode_arrays
+from shared.frames import chunk_compression, pack, packable
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse, GameRecord
 from shared.storage import Storage, StorageError
@@ -61,7 +62,8 @@ class StorageAdder:
     def __init__(self, storage: Storage, client: HttpClient, worker_id: Callable[[], str],
                  task_id: Callable[[], str | None], report_interval_s: float = 0.05,
                  max_held_chunks: int = 64,
-                 on_answer: Callable[[ChunkReportResponse], None] | None = None) -> None:
+                 on_answer: Callable[[ChunkReportResponse], None] | None = None,
+                 compression: str = "auto") -> None:
         if max_held_chunks < 1:
             raise ValueError(f"max_held_chunks={max_held_chunks} must be >= 1")
         self.storage = storage
@@ -71,6 +73,7 @@ class StorageAdder:
         self.report_interval_s = report_interval_s
         self.max_held_chunks = max_held_chunks
         self.on_answer = on_answer  # sees every answer to a report (self-play: opponents)
+        self.compression = compression
         self._q: queue.Queue[ChunkMeta | None] = queue.Queue()
         self._pending: list[ChunkMeta] = []
         # One lock for the held chunks and the announcement count: `add()` waits on it for
@@ -112,8 +115,11 @@ class StorageAdder:
         stopping."""
         chunk_id = uuid.uuid4().hex
         t0 = time.perf_counter()
+        if packable(arrays):  # stacked frames: each one stored once
+            arrays = pack(arrays)
         blob = encode_arrays(arrays, {"policy_version": str(policy_version),
-                                      "worker_id": self.worker_id() or ""})
+                                      "worker_id": self.worker_id() or ""},
+                             compression=chunk_compression(self.compression, arrays))
         # ms per vector step, like the rollout's timers, so the phases add up per step
         timers = dict(timers or {})
         steps = max(1.0, timers.pop("vector_steps", 1.0))

@@ -280,7 +280,8 @@ class CollectorService(WorkerService):
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s,
                              max_held_chunks=cfg.collector.max_held_chunks,
-                             on_answer=self._on_answer if battle else None)
+                             on_answer=self._on_answer if battle else None,
+                             compression=cfg.collector.compression)
         # Where the run is (a restart mid-run): exploration goes on from there, and the
         # random warm-up, which belongs to the run's start, is not played again.
         if self.agent.info is not None:

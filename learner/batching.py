@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from learner.sampling import DEFAULT_FIELDS, part_rows
+from shared.frames import is_packed, take, unpack
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Batch:
 
 def _columns(chunks: Sequence[Mapping[str, np.ndarray]], fields: Sequence[str]
              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    chunks = [unpack(c) if is_packed(c) else c for c in chunks]
     lengths = np.fromiter((len(c["reward"]) for c in chunks), dtype=np.int64, count=len(chunks))
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(chunks) else lengths
     return {f: np.concatenate([c[f] for c in chunks]) for f in fields}, offsets
@@ -55,11 +57,10 @@ def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts:
                   by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
     """As `assemble`, with chunk k's rows starting at `columns[f][offsets[k]]` (the layout a
     `ChunkArena` keeps, so no chunk is copied per request)."""
-    columns = {f: columns[f] for f in fields}
     per_part = []
     for part in parts:
         flat = part_rows(part, offsets)
-        data = {f: torch.from_numpy(col[flat]) for f, col in columns.items()}
+        data = {f: torch.from_numpy(take(columns, f, flat)) for f in fields}
         weights = (None if part.weights is None
                    else torch.as_tensor(np.asarray(part.weights, dtype=np.float32)))
         per_part.append((part, data, weights, np.asarray(part.item_ids, dtype=np.int64)))

@@ -42,6 +42,7 @@ import numpy as np
 from learner.sampling import SampleLoop, batch_fields, part_rows
 from learner.shm import SHM_DIR, new_region
 from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
+from shared.frames import field_layout, take
 from shared.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
@@ -142,8 +143,8 @@ class ShmWriter(SampleLoop):
 
         fields = batch_fields(columns)
         for f in fields:
-            col = columns[f]
-            place(f, col.dtype, (num_batches, total, *inner, *col.shape[1:]))
+            dtype, row_shape = field_layout(columns, f)
+            place(f, dtype, (num_batches, total, *inner, *row_shape))
         prioritized = any(p.weights is not None for p in resp.parts)
         if prioritized:
             place("weights", np.dtype(np.float32), (num_batches, total))
@@ -158,12 +159,12 @@ class ShmWriter(SampleLoop):
                                  offset=offset).reshape(shape)
 
         for f in fields:
-            dest, col = view(f), columns[f]
+            dest = view(f)
             if len(flats) == 1:
-                np.take(col, flats[0], axis=0, out=dest)
+                take(columns, f, flats[0], out=dest)
             else:
                 for flat, start in zip(flats, starts, strict=True):
-                    dest[:, start:start + flat.shape[1]] = col[flat]
+                    dest[:, start:start + flat.shape[1]] = take(columns, f, flat)
         refs = []
         if prioritized:
             weights, ids = view("weights"), view("item_ids")

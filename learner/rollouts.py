@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from shared.codec import decode_arrays
+from shared.frames import unpack
 from shared.http import HttpClient, HttpError
 from shared.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
 from shared.storage import ChunkNotFound, Storage, StorageError
@@ -33,7 +34,9 @@ def is_stale(chunk_version: int, learner_version: int, max_lag: int | None) -> b
 
 
 def concat_chunks(chunks: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    """One rollout from whole chunks, in order: the fields every chunk has, concatenated."""
+    """One rollout from whole chunks, in order: the fields every chunk has, concatenated
+    (stacked frames rebuilt: a rollout is learned from whole, once)."""
+    chunks = [unpack(c) for c in chunks]
     fields = set.intersection(*(set(c) for c in chunks))
     return {f: torch.from_numpy(np.concatenate([c[f] for c in chunks])) for f in sorted(fields)}
 

@@ -600,9 +600,11 @@ def up(args) -> int:
         cluster.stop_workers()
         if poller is not None:
             # the summary's counters once nothing more can arrive: chunks that workers
-            # delivered after the stop count in them, as they do in league.json
-            if status is not None and outcome != "interrupted":
-                status = poller.poll() or status
+            # delivered after the stop count in them, as they do in league.json; the rest
+            # (evaluations, the learner group) stays as it was when the run stopped
+            final = poller.poll() if status is not None and outcome != "interrupted" else None
+            if final is not None and "counters" in final:
+                status = {**status, "counters": final["counters"]}
             poller.close()
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,

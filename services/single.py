@@ -35,6 +35,7 @@ from shared.algos.base import Policy, make_policy
 from shared.codec import encode_weights
 from shared.config import RunConfig
 from shared.envs import EnvSpec, make_vector_env, run_spec
+from shared.frames import pack, packable
 from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
 from shared.storage import DirectoryStorage, snapshot_blob
 
@@ -202,7 +203,9 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
     while True:
         chunk = rollout.collect(rollout.env_steps)
         chunk_id = uuid.uuid4().hex
-        chunks[chunk_id] = chunk.arrays
+        # stacked frames kept once, as collectors store them (a 100k Atari replay would
+        # otherwise hold 8 frames a step)
+        chunks[chunk_id] = pack(chunk.arrays) if packable(chunk.arrays) else chunk.arrays
         _, dead = replay.insert([ChunkMeta(
             chunk_id=chunk_id, length=chunk.length, policy_version=chunk.policy_version,
             segments=chunk.segments)], learner.train_iterations)

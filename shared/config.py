@@ -24,6 +24,25 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AtariConfig(_Frozen):
+    """Gymnasium's standard Atari preprocessing (Machado et al. 2018): the defaults are the
+    field's protocol, so results compare with published ones."""
+
+    frame_skip: int = Field(4, ge=1, le=16, description="emulator frames per agent step "
+                            "(max-pooled over the last two)")
+    screen_size: int = Field(84, ge=16, le=256, description="square frame side after resizing")
+    grayscale: bool = Field(True, description="one luminance channel instead of RGB")
+    frame_stack: int = Field(4, ge=1, le=16, description="frames per observation")
+    repeat_action_probability: float = Field(0.25, ge=0, le=1, description="sticky actions: "
+                                             "the chance the previous action repeats")
+    noop_max: int = Field(30, ge=0, description="up to this many no-ops after a reset")
+    terminal_on_life_loss: bool = Field(False, description="end an episode at each life lost "
+                                        "(an old trick; the protocol says no)")
+    full_action_space: bool = Field(False, description="all 18 actions, not the game's own")
+    max_episode_frames: int | None = Field(108_000, ge=1, description="emulator frames after "
+                                           "which an episode is truncated (30 min of play)")
+
+
 class EnvConfig(_Frozen):
     id: str = Field("CartPole-v1", description="gymnasium environment id")
     num_envs: int = Field(4, ge=1, le=1024, description="envs per collector's vector env")
@@ -33,6 +52,25 @@ class EnvConfig(_Frozen):
     reward_weights: tuple[float, ...] | None = Field(None, description="vector-reward envs: "
                                                      "the reward is their dot product with "
                                                      "these weights; each component is logged")
+    backend: Literal["sync", "async"] = Field("sync", description="sync: envs step in the "
+                                              "collector's process; async: each in a "
+                                              "subprocess (gymnasium AsyncVectorEnv), for "
+                                              "slow envs")
+    atari: AtariConfig | None = Field(None, description="an ALE game (env.id such as "
+                                      "ALE/Pong-v5) with the standard preprocessing; needs "
+                                      "the atari extra")
+
+    @model_validator(mode="after")
+    def _atari_frames(self) -> EnvConfig:
+        """With `atari`, one env step is `atari.frame_skip` emulator frames: counters in
+        frames use that, and a contradicting `frame_skip` is an error rather than a guess."""
+        if self.atari is None:
+            return self
+        if "frame_skip" in self.model_fields_set and self.frame_skip != self.atari.frame_skip:
+            raise ValueError(f"frame_skip={self.frame_skip} contradicts atari.frame_skip="
+                             f"{self.atari.frame_skip}; set only atari.frame_skip")
+        object.__setattr__(self, "frame_skip", self.atari.frame_skip)
+        return self
 
 
 class _AlgoBase(_Frozen):
@@ -104,6 +142,10 @@ class CollectorConfig(_Frozen):
                                  "have unacknowledged: kept in memory while storage cannot "
                                  "take them, or written while the coordinator cannot be "
                                  "told; collection waits while this many are")
+    compression: Literal["auto", "none", "zstd", "lz4"] = Field(
+        "auto", description="how chunks' large columns are compressed in storage; auto: zstd "
+        "for chunks of stacked frames (tens of times smaller), none for the rest (small "
+        "float columns gain too little for the time)")
 
 
 class RateLimitConfig(_Frozen):

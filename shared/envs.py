@@ -8,12 +8,13 @@ first time it is used, so vector envs and wrappers treat it like any other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from shared.config import EnvConfig
+from shared.config import AtariConfig, EnvConfig
 
 
 @dataclass(frozen=True)
@@ -84,19 +85,67 @@ def reward_components(info: dict, done: np.ndarray) -> np.ndarray | None:
     return out
 
 
+def _ale() -> None:
+    """Register the ALE's games with gymnasium, importing ale-py only for Atari runs."""
+    try:
+        import ale_py
+    except ImportError:
+        raise ValueError("env.atari needs ale-py: install the atari extra "
+                         "(pip install -e '.[atari]')") from None
+    gym.register_envs(ale_py)
+
+
+def make_atari(env_id: str, atari: AtariConfig, kwargs: dict[str, Any] | None = None
+               ) -> gym.Env:
+    """One ALE game with gymnasium's standard preprocessing: the emulator steps every frame
+    and `AtariPreprocessing` skips and max-pools, resizes to grayscale 84x84 and does the
+    reset no-ops; `FrameStackObservation` stacks the last frames, padding a fresh episode
+    with its first frame. Observations stay uint8 (stack, side, side[, 3]): collectors store
+    each frame once and the network scales them to floats on the learner's device."""
+    _ale()
+    env = gym.make(env_id, frameskip=1, repeat_action_probability=atari.repeat_action_probability,
+                   full_action_space=atari.full_action_space,
+                   max_num_frames_per_episode=atari.max_episode_frames or 0,
+                   **(kwargs or {}))
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
+        screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
+        grayscale_obs=atari.grayscale, scale_obs=False)
+    return gym.wrappers.FrameStackObservation(env, stack_size=atari.frame_stack)
+
+
+def _make_one(cfg: EnvConfig) -> gym.Env:
+    """One env of a vector env (a module-level function: `async` workers may pickle it)."""
+    if cfg.atari is not None:
+        env = make_atari(cfg.id, cfg.atari, cfg.kwargs)
+    else:
+        env = gym.make(resolve_env_id(cfg.id), **cfg.kwargs)
+    if cfg.reward_weights:
+        env = ScalarizeReward(env, cfg.reward_weights)
+    return env
+
+
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env that resets finished envs in the same step and reports their
-    final observation in `info["final_obs"]` (so no transition is lost or faked). Continuous
+    """A vector env that resets finished envs in the same step and reports their final
+    observation in `info["final_obs"]` (so no transition is lost or faked). Continuous
     actions are clipped to the action space by the env, so policies store what they sampled.
 
-    Synchronous because CartPole-sized envs step in microseconds: worker processes would cost
-    more in pickling and pipes than they save; collectors scale out as processes instead.
+    `env.backend: sync` (the default) steps the envs in the collector's process: CartPole-sized
+    envs step in microseconds, and worker processes would cost more in pickling and pipes
+    than they save (collectors scale out as processes instead). `async` steps each env in a
+    subprocess of its own, for envs slow enough that stepping them in parallel pays.
     """
-    weights = cfg.reward_weights
-    wrappers = [lambda env: ScalarizeReward(env, weights)] if weights else None
-    envs = gym.make_vec(resolve_env_id(cfg.id), num_envs=num_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                        wrappers=wrappers, **cfg.kwargs)
+    if cfg.atari is not None:
+        _ale()
+    else:
+        resolve_env_id(cfg.id)  # registers an import path before workers are made
+    fns = [partial(_make_one, cfg) for _ in range(num_envs)]
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    if cfg.backend == "async":
+        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
+            fns, shared_memory=True, autoreset_mode=same_step)
+    else:
+        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=same_step)
     if isinstance(envs.single_action_space, gym.spaces.Box):
         envs = gym.wrappers.vector.ClipAction(envs)
     envs.reset(seed=seed)
@@ -105,7 +154,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
-    env = gym.make(resolve_env_id(cfg.id), **cfg.kwargs)
+    env = _make_one(cfg)
     try:
         obs_space, act_space = env.observation_space, env.action_space
     finally:

@@ -25,7 +25,10 @@ from torch import nn
 from shared.algos.adam import FusedAdam
 from shared.algos.base import ActOutput, LearnOutput, Reducer
 from shared.algos.nets import (
+    NatureCNN,
+    as_obs_tensor,
     clip_grad_norm,
+    is_image,
     load_optimizer_state,
     mlp,
     optimizer_state,
@@ -36,12 +39,20 @@ from shared.envs import EnvSpec
 
 
 class QNetwork(nn.Module):
+    """An MLP over flat observations; over images (C, H, W), the Nature DQN: its CNN trunk
+    and one linear layer to the Q-values (`hidden` is then unused)."""
+
     def __init__(self, spec: EnvSpec, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        self.net = mlp(int(np.prod(spec.obs_shape)), hidden, spec.n_actions)
+        self.image = is_image(spec.obs_shape)
+        if self.image:
+            trunk = NatureCNN(spec.obs_shape)
+            self.net = nn.Sequential(trunk, nn.Linear(trunk.features, spec.n_actions))
+        else:
+            self.net = mlp(int(np.prod(spec.obs_shape)), hidden, spec.n_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.flatten(1))
+        return self.net(obs if self.image else obs.flatten(1).float())
 
 
 def masked_q(q: torch.Tensor, mask: torch.Tensor | np.ndarray | None) -> torch.Tensor:
@@ -106,7 +117,7 @@ class DQN:
 
     def _greedy(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
-            q = self.q(torch.as_tensor(obs, dtype=torch.float32))
+            q = self.q(as_obs_tensor(obs))
             return masked_q(q, mask).argmax(dim=1).numpy()
 
     def _random(self, n: int, mask: np.ndarray | None) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -74,3 +76,54 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam,
         per_param.setdefault(int(idx), {})[key] = value.clone()
     current["state"] = per_param
     optimizer.load_state_dict(current)
+
+
+# The Nature CNN's smallest input: 8x8/4, 4x4/2, 3x3/1 leave one cell of a 36x36 frame.
+MIN_IMAGE_SIDE = 36
+
+
+def is_image(obs_shape: Sequence[int]) -> bool:
+    """Observations a CNN reads: (channels or stacked frames, height, width), channel-first
+    as gymnasium's Atari stack gives them, at least `MIN_IMAGE_SIDE` a side. Small 3-d
+    observations (board planes such as Connect Four's (6, 7, 2)) stay with the MLP."""
+    return len(obs_shape) == 3 and min(obs_shape[1:]) >= MIN_IMAGE_SIDE
+
+
+def as_obs_tensor(obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Observations for a network: uint8 images stay uint8 (the network scales them, so a
+    batch of frames crosses memory at a quarter of the float size), the rest float32."""
+    t = torch.as_tensor(obs)
+    return t if t.dtype == torch.uint8 else t.to(torch.float32)
+
+
+class NatureCNN(nn.Module):
+    """The convolutional trunk of Mnih et al. (2015), 'Human-level control through deep
+    reinforcement learning': 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units. It takes uint8
+    frames and divides by 255 itself, on whatever device it lives on."""
+
+    def __init__(self, obs_shape: Sequence[int], features: int = 512,
+                 init: Callable[[nn.Module, float], None] | None = None) -> None:
+        super().__init__()
+        channels, height, width = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, features), nn.ReLU())
+        self.features = features
+        if init is not None:
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d | nn.Linear):
+                    init(m, math.sqrt(2))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        return self.fc(self.convs(x))
+
+
+def orthogonal_(layer: nn.Module, gain: float) -> None:
+    """CleanRL's `layer_init`: orthogonal weights of `gain`, zero biases."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)

@@ -24,10 +24,14 @@ from torch import nn
 from shared.algos.adam import FusedAdam
 from shared.algos.base import ActOutput, LearnOutput, Reducer
 from shared.algos.nets import (
+    NatureCNN,
+    as_obs_tensor,
     clip_grad_norm,
+    is_image,
     load_optimizer_state,
     mlp,
     optimizer_state,
+    orthogonal_,
     sum_gradients,
 )
 from shared.config import PPOConfig
@@ -57,17 +61,37 @@ class ActorCritic(nn.Module):
         self.discrete = spec.discrete
         self.action_shape = spec.action_shape
         out_dim = spec.n_actions if spec.discrete else int(np.prod(spec.action_shape))
-        self.actor = _orthogonal_init(mlp(obs_dim, hidden, out_dim, nn.Tanh), 0.01)
-        self.critic = _orthogonal_init(mlp(obs_dim, hidden, 1, nn.Tanh), 1.0)
+        self.image = is_image(spec.obs_shape)
+        if self.image:
+            # CleanRL's ppo_atari: one Nature CNN trunk shared by a linear actor and critic
+            # (`hidden` is then unused).
+            if not spec.discrete:
+                raise ValueError("PPO on image observations supports discrete actions only")
+            self.trunk = NatureCNN(spec.obs_shape, init=orthogonal_)
+            self.actor = nn.Linear(self.trunk.features, out_dim)
+            self.critic = nn.Linear(self.trunk.features, 1)
+            orthogonal_(self.actor, 0.01)
+            orthogonal_(self.critic, 1.0)
+        else:
+            self.actor = _orthogonal_init(mlp(obs_dim, hidden, out_dim, nn.Tanh), 0.01)
+            self.critic = _orthogonal_init(mlp(obs_dim, hidden, 1, nn.Tanh), 1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
 
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.trunk(obs) if self.image else obs.flatten(1).float()
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.flatten(1)).squeeze(1)
+        return self.critic(self._features(obs)).squeeze(1)
 
     def head(self, obs: torch.Tensor) -> torch.Tensor:
         """Discrete: logits (n, n_actions); continuous: the Gaussian's mean (n, action_dim)."""
-        return self.actor(obs.flatten(1))
+        return self.actor(self._features(obs))
+
+    def head_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both at once: an image is read by the shared trunk once, not twice."""
+        x = self._features(obs)
+        return self.actor(x), self.critic(x).squeeze(1)
 
     def log_prob_entropy(self, head: torch.Tensor, action: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,11 +213,10 @@ class PPO:
         """Sampled actions with their log-probs and V(obs), both float32 (n,); only legal
         ones under `mask`."""
         with torch.inference_mode():
-            x = torch.as_tensor(obs, dtype=torch.float32)
-            head = self._masked(self.net.head(x), mask)
+            head, value = self.net.head_value(as_obs_tensor(obs))
+            head = self._masked(head, mask)
             action = self._sample(head)
             log_prob, _ = self.net.log_prob_entropy(head, action)
-            value = self.net.value(x)
         return ActOutput(self._to_actions(action),
                          {"log_prob": log_prob.numpy(), "value": value.numpy()})
 
@@ -201,8 +224,7 @@ class PPO:
                  mask: np.ndarray | None = None) -> np.ndarray:
         """The most likely action (argmax, or the Gaussian's mean) or a sample."""
         with torch.inference_mode():
-            head = self._masked(self.net.head(torch.as_tensor(obs, dtype=torch.float32)),
-                                mask)
+            head = self._masked(self.net.head(as_obs_tensor(obs)), mask)
             if not deterministic:
                 action = self._sample(head)
             else:
@@ -212,7 +234,7 @@ class PPO:
     def bootstrap(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) as float32 (n,): the value a cut run continues with."""
         with torch.inference_mode():
-            return self.net.value(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            return self.net.value(as_obs_tensor(obs)).numpy()
 
     def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         self.net.load_state_dict(state)
@@ -257,7 +279,7 @@ class PPO:
             advantages, returns = torch.from_numpy(adv_np), torch.from_numpy(ret_np)
         else:
             advantages, returns = torch.zeros(0), torch.zeros(0)
-        obs = batch["obs"].float()
+        obs = as_obs_tensor(batch["obs"])  # images stay uint8: the trunk scales them
         action = batch["action"] if self.spec.discrete else batch["action"].float()
         old_log_prob = batch["log_prob"].float()
         mask = batch.get("action_mask")
@@ -303,7 +325,8 @@ class PPO:
         empty = {k: torch.zeros(0) for k in ("reward", "value", "bootstrap_value", "log_prob")}
         empty.update(terminated=torch.zeros(0, dtype=torch.bool),
                      cut=torch.zeros(0, dtype=torch.bool),
-                     obs=torch.zeros((0, *self.spec.obs_shape)),
+                     obs=torch.zeros((0, *self.spec.obs_shape),
+                                     dtype=torch.uint8 if self.net.image else torch.float32),
                      action=torch.zeros((0, *action_shape),
                                         dtype=torch.long if self.spec.discrete else torch.float32))
         return empty
@@ -315,9 +338,8 @@ class PPO:
         given); its METRICS as one detached tensor, the same on every rank."""
         c = self.cfg
         group = self.reducer is not None and self.reducer.world_size > 1
-        log_prob, entropy = self.net.log_prob_entropy(
-            self._masked(self.net.head(obs), mask), action)
-        value = self.net.value(obs)
+        head, value = self.net.head_value(obs)
+        log_prob, entropy = self.net.log_prob_entropy(self._masked(head, mask), action)
 
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
