@@ -26,6 +26,7 @@ nothing the coordinator counted.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -40,6 +41,7 @@ import numpy as np
 from shared.codec import encode_arrays
 from shared.frames import chunk_compression, pack, packable
 from shared.http import HttpClient, HttpError
+from shared.moments import RunningMoments
 from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse, GameRecord
 from shared.storage import Storage, StorageError
 
@@ -108,7 +110,8 @@ class StorageAdder:
             timers: dict[str, float] | None = None,
             episode_return_components: list[list[float]] | None = None,
             games: list[GameRecord] | None = None,
-            opponents_skipped: list[str] | None = None) -> str:
+            opponents_skipped: list[str] | None = None,
+            obs_moments: RunningMoments | None = None) -> str:
         """Write a chunk (or hold it, if storage cannot take it now) and queue its metadata
         for announcement once written. Never raises `StorageError`; waits while
         `max_held_chunks` are unacknowledged, until there is room or the adder is
@@ -117,8 +120,10 @@ class StorageAdder:
         t0 = time.perf_counter()
         if packable(arrays):  # stacked frames: each one stored once
             arrays = pack(arrays)
-        blob = encode_arrays(arrays, {"policy_version": str(policy_version),
-                                      "worker_id": self.worker_id() or ""},
+        meta = {"policy_version": str(policy_version), "worker_id": self.worker_id() or ""}
+        if obs_moments is not None:  # algo.obs_norm: the learner merges these
+            meta["obs_moments"] = json.dumps(obs_moments.to_wire())
+        blob = encode_arrays(arrays, meta,
                              compression=chunk_compression(self.compression, arrays))
         # ms per vector step, like the rollout's timers, so the phases add up per step
         timers = dict(timers or {})

@@ -23,6 +23,7 @@ import numpy as np
 
 from shared.algos.base import Policy
 from shared.envs import final_next_obs, reward_components
+from shared.moments import RunningMoments
 from shared.schemas import GameRecord
 
 
@@ -37,6 +38,7 @@ class Chunk:
     episode_return_components: list[list[float]] = field(default_factory=list)
     games: list[GameRecord] = field(default_factory=list)  # self-play: games that ended here
     opponents_skipped: list[str] = field(default_factory=list)
+    obs_moments: RunningMoments | None = None  # algo.obs_norm: raw observations acted on
 
     @property
     def length(self) -> int:
@@ -71,7 +73,6 @@ class Rollout:
         if mode not in ("samples", "episodes"):
             raise ValueError(f"collector.mode={mode!r}: expected 'samples' or 'episodes'")
         self.envs = envs
-        self.policy = policy
         self.mode = mode
         self.n = envs.num_envs
         self.steps_per_chunk = max(1, -(-chunk_size // self.n))
@@ -82,7 +83,8 @@ class Rollout:
         self.ep_components: np.ndarray | None = None  # vector-reward envs: (n, k) so far
         self.finished_components: list[list[float]] = []
         self.env_steps = 0
-        self.bootstraps = policy.bootstrap(self.obs[:1]) is not None
+        self.policy = policy  # after self.obs: the setter sizes the moments by it
+        self.bootstraps = policy.bootstrap(self.pre(self.obs[:1])) is not None
         # episodes mode: recent vector steps (one dict of (n, ...) arrays each), the absolute
         # index of the first one, each env's episode start, and finished episodes waiting.
         self._steps: list[dict[str, np.ndarray]] = []
@@ -92,6 +94,30 @@ class Rollout:
         self._done_eps: list[tuple[dict[str, np.ndarray], float, int, int]] = []
         self._clock = {"inference": 0.0, "env_step": 0.0}
         self._clock_steps = 0
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        """A policy swap (a collector's random warm-up ending) re-reads what it asks for:
+        algo.obs_norm acts on (and stores) normalised observations and counts the raw ones."""
+        self._policy = policy
+        self._pre = getattr(policy, "preprocess", None)
+        self._moments = (RunningMoments.empty(self.obs.shape[1:])
+                         if getattr(policy, "tracks_obs_stats", False) else None)
+
+    def pre(self, obs: np.ndarray) -> np.ndarray:
+        return obs if self._pre is None else self._pre(obs)
+
+    def take_moments(self) -> RunningMoments | None:
+        """The raw observations' moments since the last chunk (then counting afresh)."""
+        if self._moments is None:
+            return None
+        out = self._moments
+        self._moments = RunningMoments.empty(out.mean.shape)
+        return out
 
     def _take_timers(self) -> dict[str, float]:
         """ms per vector step spent acting and stepping envs since the last chunk."""
@@ -114,15 +140,18 @@ class Rollout:
     def _step(self, env_step: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Act and step once; the step's fields (without `cut`) and its done flags."""
         t0 = time.perf_counter()
-        out = self.policy.act(self.obs, env_step)
+        obs = self.pre(self.obs)
+        if self._moments is not None:
+            self._moments.update(self.obs)
+        out = self.policy.act(obs, env_step)
         t1 = time.perf_counter()
         next_obs, reward, terminated, truncated, info = self.envs.step(out.actions)
         self._clock["inference"] += t1 - t0
         self._clock["env_step"] += time.perf_counter() - t1
         self._clock_steps += 1
         done = terminated | truncated
-        real_next = final_next_obs(next_obs, info, done)
-        step = {"obs": _as_stored(self.obs), "action": _as_stored(out.actions),
+        real_next = self.pre(final_next_obs(next_obs, info, done))
+        step = {"obs": _as_stored(obs), "action": _as_stored(out.actions),
                 "reward": reward.astype(np.float32), "next_obs": _as_stored(real_next),
                 "terminated": terminated.astype(bool), "truncated": truncated.astype(bool)}
         for key, value in out.extras.items():
@@ -184,7 +213,8 @@ class Rollout:
         if self.bootstraps:  # runs cut by the chunk's end continue from the current obs
             alive = np.flatnonzero(~done_buf[T - 1])
             if alive.size:
-                bufs["bootstrap_value"][T - 1, alive] = self.policy.bootstrap(self.obs[alive])
+                bufs["bootstrap_value"][T - 1, alive] = self.policy.bootstrap(
+                    self.pre(self.obs[alive]))
 
         # Env-major rows: each env's T steps are contiguous, so episodes are runs of rows.
         def env_major(buf: np.ndarray) -> np.ndarray:
@@ -192,7 +222,8 @@ class Rollout:
 
         arrays = {key: env_major(buf) for key, buf in bufs.items()}
         return Chunk(arrays, version, returns, lengths, episode_segments(done_buf),
-                     self._take_timers(), self._take_components())
+                     self._take_timers(), self._take_components(),
+                     obs_moments=self.take_moments())
 
     # -- episodes mode ----------------------------------------------------------------------
 
@@ -217,7 +248,8 @@ class Rollout:
         comps = self.finished_components[:len(episodes)]
         del self.finished_components[:len(episodes)]
         return Chunk(arrays, min(ep[3] for ep in episodes), [ep[1] for ep in episodes],
-                     [ep[2] for ep in episodes], segments, self._take_timers(), comps)
+                     [ep[2] for ep in episodes], segments, self._take_timers(), comps,
+                     obs_moments=self.take_moments())
 
     def _extract(self, i: int, last: int) -> tuple[dict[str, np.ndarray], float, int, int]:
         """Env i's episode that ended at absolute step `last`: (rows, return, length, oldest
@@ -254,8 +286,9 @@ def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: in
     ep_length = np.zeros(n, dtype=np.int64)
     returns: list[float] = []
     lengths: list[int] = []
+    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
     while (quota > 0).any():
-        actions = policy.act_eval(obs, deterministic)
+        actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
         next_obs, reward, terminated, truncated, _ = envs.step(actions)
         active = quota > 0
         ep_return += np.where(active, reward, 0.0)

@@ -13,6 +13,7 @@ so the queue releases it. Lag is measured per transition and reported as a metri
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -69,6 +70,24 @@ class RolloutFeeder:
     cursor: int = 0  # group mode: the next rollout wanted
     group_ended: bool = False  # group mode: the coordinator answered 409 (a new generation)
     broken: str | None = None  # group mode: why this rank must leave its generation itself
+    moments: list[dict] = field(default_factory=list)  # algo.obs_norm: chunks' raw-obs counts
+
+    def _note_moments(self, chunk_id: str, meta: dict[str, str]) -> None:
+        """A chunk's raw-observation moments (algo.obs_norm), stale or not: they describe
+        the env, not the policy. A malformed entry is skipped with a warning."""
+        raw = meta.get("obs_moments")
+        if raw is None:
+            return
+        try:
+            moments = json.loads(raw)
+        except json.JSONDecodeError:
+            log.warning("chunk %s: obs_moments is not JSON: skipped", chunk_id)
+            return
+        self.moments.append(moments)
+
+    def take_moments(self) -> list[dict]:
+        out, self.moments = self.moments, []
+        return out
 
     def take_consumed(self) -> list[Consumed]:
         out = [Consumed(buffer=self.buffer, chunk_ids=self.consumed)] if self.consumed else []
@@ -112,6 +131,7 @@ class RolloutFeeder:
                 self.consumed.append(cid)
                 continue
             arrays, meta = decode_arrays(blob)
+            self._note_moments(cid, meta)
             version = int(meta.get("policy_version", "-1"))
             rows = int(len(arrays["reward"]))
             if is_stale(version, learner_version, self.max_policy_lag):
@@ -155,6 +175,7 @@ class RolloutFeeder:
             if not blob:
                 continue
             arrays, meta = decode_arrays(blob)
+            self._note_moments(cid, meta)
             version = int(meta.get("policy_version", "-1"))
             if is_stale(version, learner_version, self.max_policy_lag):
                 self.dropped_chunks += 1

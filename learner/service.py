@@ -470,6 +470,13 @@ class LearnerService(WorkerService):
                 if feeder.consumed and self._report(policy, feeder.take_consumed()):
                     return True  # dropped chunks are reported even when no rollout filled
                 continue
+            merge = getattr(policy, "merge_obs_stats", None)
+            for moments in feeder.take_moments():  # algo.obs_norm: published with the weights
+                if merge is not None:
+                    try:
+                        merge(moments)
+                    except (KeyError, TypeError, ValueError) as err:
+                        log.warning("observation moments skipped: %s", err)
             out = policy.learn(rollout.data)
             if self.is_publisher:
                 self._publish(policy)

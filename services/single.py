@@ -202,6 +202,8 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
     t195 = s195 = t_solved = s_solved = None
     while True:
         chunk = rollout.collect(rollout.env_steps)
+        if chunk.obs_moments is not None:  # algo.obs_norm, as the learner service merges
+            learner.merge_obs_stats(chunk.obs_moments)
         chunk_id = uuid.uuid4().hex
         # stacked frames kept once, as collectors store them (a 100k Atari replay would
         # otherwise hold 8 frames a step)

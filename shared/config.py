@@ -117,6 +117,11 @@ class PPOConfig(_AlgoBase):
     reward_scale: float = Field(1.0, gt=0, description="rewards are multiplied by this before "
                                 "GAE (returns are logged unscaled)")
     init_log_std: float = Field(0.0, description="continuous actions: initial log std")
+    obs_norm: bool = Field(False, description="normalise observations by a running mean and "
+                           "variance that the learner merges from every collector's counts "
+                           "and publishes with the weights")
+    obs_clip: float = Field(10.0, gt=0, description="obs_norm: clip normalised observations "
+                            "to this many standard deviations")
     max_policy_lag: int | None = Field(3, ge=0, description="the learner drops chunks acted "
                                        "by a policy more than this many versions old")
 
@@ -478,6 +483,9 @@ class RunConfig(_Frozen):
         """Why a learner group of this size cannot split this config's work, or None."""
         if learners <= 1:
             return None
+        if getattr(self.algo, "obs_norm", False):
+            return ("algo.obs_norm: each rank would merge only its own chunks' observation "
+                    "counts, so the ranks' statistics would part; use one learner")
         if self.algo.name == "ppo" or any(self.buffers[p.buffer].kind == "queue"
                                           for p in self.learner.mix):
             rollout = int(getattr(self.algo, "rollout_size", self.algo.batch_size))

@@ -34,8 +34,10 @@ from shared.algos.nets import (
     orthogonal_,
     sum_gradients,
 )
+from shared.algos.obsnorm import ObsNormalizer
 from shared.config import PPOConfig
 from shared.envs import EnvSpec
+from shared.moments import RunningMoments
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm")
@@ -55,8 +57,11 @@ class ActorCritic(nn.Module):
     """Actor, critic and (continuous actions) log std; its state dict is the published policy,
     since collectors need the critic too (values and bootstrap values are computed there)."""
 
-    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...], init_log_std: float) -> None:
+    def __init__(self, spec: EnvSpec, hidden: tuple[int, ...], init_log_std: float,
+                 obs_norm: ObsNormalizer | None = None) -> None:
         super().__init__()
+        if obs_norm is not None:  # published with the weights: see shared/algos/obsnorm.py
+            self.obs_norm = obs_norm
         obs_dim = int(np.prod(spec.obs_shape))
         self.discrete = spec.discrete
         self.action_shape = spec.action_shape
@@ -156,7 +161,9 @@ class PPO:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.spec = spec
-        self.net = ActorCritic(spec, cfg.hidden_sizes, cfg.init_log_std)
+        self.net = ActorCritic(spec, cfg.hidden_sizes, cfg.init_log_std,
+                               ObsNormalizer(spec.obs_shape, cfg.obs_clip) if cfg.obs_norm
+                               else None)
         self._params = list(self.net.parameters())
         self._optimizer: torch.optim.Optimizer | FusedAdam | None = None  # see `optimizer`
         # Sampling and minibatch shuffling draw from a generator of their own, so a seed gives
@@ -239,6 +246,27 @@ class PPO:
     def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         self.net.load_state_dict(state)
         self.version = version
+
+    # -- observation normalisation (algo.obs_norm) ------------------------------------------
+
+    @property
+    def tracks_obs_stats(self) -> bool:
+        """Whether collectors should count raw observations for this policy."""
+        return hasattr(self.net, "obs_norm")
+
+    def preprocess(self, obs: np.ndarray) -> np.ndarray:
+        """What the policy acts on and chunks store: observations normalised by the
+        statistics of the version held (frozen until the next one)."""
+        return self.net.obs_norm.normalize(obs) if self.tracks_obs_stats else obs
+
+    def merge_obs_stats(self, moments: RunningMoments | dict) -> None:
+        """The learner's side: fold a chunk's raw-observation moments (or their wire form,
+        which is checked: ValueError) into the statistics the next version carries."""
+        if not self.tracks_obs_stats:
+            return
+        if isinstance(moments, dict):
+            moments = RunningMoments.from_wire(moments, self.spec.obs_shape)
+        self.net.obs_norm.merge(moments)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """Actor, critic and log std (collectors compute values as well as actions)."""
