@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-# The tests also cover the extras (`games`, `atari`, `mujoco`): installed on top, so `make up` stays lean.
+# The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`): installed on top, so `make up` stays lean.
 $(GAMES): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool]'
 	@touch $(GAMES)
 
 install: $(STAMP)

@@ -6,7 +6,8 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 (a) Collector frames/s: one collector process steps Pong, packs each frame once, compresses
     and writes chunks and reports them; its rate comes from the coordinator's counters.
     Ceiling: `collector.rollout.Rollout` over the same vector env and network in this
-    process (one torch thread), storing nothing. Measured for each `env.backend`.
+    process (one torch thread), storing nothing. Measured for each `env.backend` (envpool
+    where the package is installed).
 (b) Bytes stored per env step: the chunks in storage after (a), beside what the same
     chunks would take with each frame stored once but uncompressed, and with `obs` and
     `next_obs` stored whole (8 frames a step).
@@ -18,7 +19,7 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 Each ceiling is measured in two halves, one right before and one right after its cluster
 window, so drift in the machine's load hits both alike; `--repeats` runs the whole in turn.
 
-    python bench/atari.py [--seconds 20] [--backends sync async] [--repeats 1]
+    python bench/atari.py [--seconds 20] [--backends sync async envpool] [--repeats 1]
 
 Goals: `collector_ratio` >= 0.8, `bytes_per_step` <= 7,500, `learner_utilisation` >= 0.9.
 The last line of stdout is one JSON object with those keys (medians over repeats, sync
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=6.0,
                    help="seconds a worker runs before its window starts")
     p.add_argument("--epsilon", type=float, default=0.1)
-    p.add_argument("--backends", nargs="+", choices=["sync", "async"],
+    p.add_argument("--backends", nargs="+", choices=["sync", "async", "envpool"],
                    default=["sync", "async"])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--no-learner", action="store_true", help="skip (c)")

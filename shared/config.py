@@ -52,10 +52,10 @@ class EnvConfig(_Frozen):
     reward_weights: tuple[float, ...] | None = Field(None, description="vector-reward envs: "
                                                      "the reward is their dot product with "
                                                      "these weights; each component is logged")
-    backend: Literal["sync", "async"] = Field("sync", description="sync: envs step in the "
-                                              "collector's process; async: each in a "
-                                              "subprocess (gymnasium AsyncVectorEnv), for "
-                                              "slow envs")
+    backend: Literal["sync", "async", "envpool"] = Field(
+        "sync", description="sync: envs step in the collector's process; async: each in a "
+        "subprocess (gymnasium AsyncVectorEnv), for slow envs; envpool: EnvPool's C++ "
+        "threads step the batch (Atari and MuJoCo; needs the envpool extra)")
     atari: AtariConfig | None = Field(None, description="an ALE game (env.id such as "
                                       "ALE/Pong-v5) with the standard preprocessing; needs "
                                       "the atari extra")

@@ -133,8 +133,18 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
     `env.backend: sync` (the default) steps the envs in the collector's process: CartPole-sized
     envs step in microseconds, and worker processes would cost more in pickling and pipes
     than they save (collectors scale out as processes instead). `async` steps each env in a
-    subprocess of its own, for envs slow enough that stepping them in parallel pays.
+    subprocess of its own, for envs slow enough that stepping them in parallel pays;
+    `envpool` steps the batch in EnvPool's C++ threads (`shared/envpool_vec.py`).
     """
+    if cfg.backend == "envpool":
+        from shared.envpool_vec import EnvPoolVector
+
+        envs: gym.vector.VectorEnv = EnvPoolVector(cfg, num_envs, seed)
+        if isinstance(envs.single_action_space, gym.spaces.Box):
+            envs = gym.wrappers.vector.ClipAction(envs)
+        envs.reset(seed=seed)
+        envs.action_space.seed(seed)
+        return envs
     if cfg.atari is not None:
         _ale()
     else:
@@ -142,7 +152,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
     fns = [partial(_make_one, cfg) for _ in range(num_envs)]
     same_step = gym.vector.AutoresetMode.SAME_STEP
     if cfg.backend == "async":
-        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
+        envs = gym.vector.AsyncVectorEnv(
             fns, shared_memory=True, autoreset_mode=same_step)
     else:
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=same_step)
@@ -154,11 +164,18 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
-    env = _make_one(cfg)
-    try:
-        obs_space, act_space = env.observation_space, env.action_space
-    finally:
-        env.close()
+    if cfg.backend == "envpool":  # from EnvPool itself (a missing package: ConfigError)
+        from shared.envpool_vec import EnvPoolVector
+
+        pool = EnvPoolVector(cfg, 1, 0)
+        obs_space, act_space = pool.single_observation_space, pool.single_action_space
+        pool.close()
+    else:
+        env = _make_one(cfg)
+        try:
+            obs_space, act_space = env.observation_space, env.action_space
+        finally:
+            env.close()
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"env.id={cfg.id!r} has observation space {obs_space}; expected Box")
     if isinstance(act_space, gym.spaces.Discrete):
