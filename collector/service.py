@@ -347,7 +347,7 @@ class CollectorService(WorkerService):
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
                           chunk.episode_return_components, chunk.games,
-                          chunk.opponents_skipped, getattr(chunk, "obs_moments", None))
+                          chunk.opponents_skipped, chunk.obs_moments)
                 self.games_played += len(chunk.games)
                 if adder.chunks_reported:  # the first chunk is in: torch may have the GIL
                     self.torch.start()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from learner.sampling import DEFAULT_FIELDS, part_rows
-from shared.frames import is_packed, take, unpack
+from shared.frames import take, unpack
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Batch:
 
 def _columns(chunks: Sequence[Mapping[str, np.ndarray]], fields: Sequence[str]
              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    chunks = [unpack(c) if is_packed(c) else c for c in chunks]
+    chunks = [unpack(c) for c in chunks]  # a no-op for chunks without frames
     lengths = np.fromiter((len(c["reward"]) for c in chunks), dtype=np.int64, count=len(chunks))
     offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(chunks) else lengths
     return {f: np.concatenate([c[f] for c in chunks]) for f in fields}, offsets

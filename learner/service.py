@@ -178,6 +178,19 @@ class LearnerService(WorkerService):
         self._timer_mark = (policy.train_iterations, now)
         return out
 
+    @staticmethod
+    def _merge_obs_stats(policy: Policy, moments: list[dict]) -> None:
+        """algo.obs_norm: the chunks' raw-observation counts, into the statistics the next
+        published version carries; a malformed entry is skipped with a warning."""
+        merge = getattr(policy, "merge_obs_stats", None)
+        if merge is None:
+            return
+        for entry in moments:
+            try:
+                merge(entry)
+            except (KeyError, TypeError, ValueError) as err:
+                log.warning("observation moments skipped: %s", err)
+
     def _maybe_checkpoint(self, policy: Policy, force: bool = False) -> None:
         every = self.cfg_checkpoint_every
         if self.checkpoints is None or not self.is_publisher or (
@@ -470,13 +483,7 @@ class LearnerService(WorkerService):
                 if feeder.consumed and self._report(policy, feeder.take_consumed()):
                     return True  # dropped chunks are reported even when no rollout filled
                 continue
-            merge = getattr(policy, "merge_obs_stats", None)
-            for moments in feeder.take_moments():  # algo.obs_norm: published with the weights
-                if merge is not None:
-                    try:
-                        merge(moments)
-                    except (KeyError, TypeError, ValueError) as err:
-                        log.warning("observation moments skipped: %s", err)
+            self._merge_obs_stats(policy, feeder.take_moments())
             out = policy.learn(rollout.data)
             if self.is_publisher:
                 self._publish(policy)

@@ -136,25 +136,19 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
     subprocess of its own, for envs slow enough that stepping them in parallel pays;
     `envpool` steps the batch in EnvPool's C++ threads (`shared/envpool_vec.py`).
     """
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    fns = [partial(_make_one, cfg) for _ in range(num_envs)]
     if cfg.backend == "envpool":
         from shared.envpool_vec import EnvPoolVector
 
         envs: gym.vector.VectorEnv = EnvPoolVector(cfg, num_envs, seed)
-        if isinstance(envs.single_action_space, gym.spaces.Box):
-            envs = gym.wrappers.vector.ClipAction(envs)
-        envs.reset(seed=seed)
-        envs.action_space.seed(seed)
-        return envs
-    if cfg.atari is not None:
-        _ale()
-    else:
+    elif cfg.atari is None:
         resolve_env_id(cfg.id)  # registers an import path before workers are made
-    fns = [partial(_make_one, cfg) for _ in range(num_envs)]
-    same_step = gym.vector.AutoresetMode.SAME_STEP
-    if cfg.backend == "async":
-        envs = gym.vector.AsyncVectorEnv(
-            fns, shared_memory=True, autoreset_mode=same_step)
     else:
+        _ale()
+    if cfg.backend == "async":
+        envs = gym.vector.AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=same_step)
+    elif cfg.backend == "sync":
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=same_step)
     if isinstance(envs.single_action_space, gym.spaces.Box):
         envs = gym.wrappers.vector.ClipAction(envs)

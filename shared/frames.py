@@ -144,8 +144,3 @@ def take(columns: Mapping[str, np.ndarray], name: str, rows: np.ndarray,
         return np.take(columns[name], rows, axis=0, out=out)
     index = np.take(columns[INDEX[name]], rows, axis=0)
     return np.take(columns[FRAMES], index, axis=0, out=out)
-
-
-def has_field(columns: Mapping[str, np.ndarray], name: str) -> bool:
-    return name in columns or (name in INDEX and FRAMES in columns
-                               and INDEX[name] in columns)

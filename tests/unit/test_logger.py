@@ -18,6 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from shared.config import LoggingConfig, ScopeConfig, WandbConfig
 from shared.logger import RunLogger
 
+from .helpers import wait_for
+
 SCOPE_LOGGER = "rlfleet.logger"
 
 
@@ -255,12 +257,11 @@ def test_wandb_offline_writes_its_run_under_the_run_dir(tmp_path: Path) -> None:
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     # wandb-core, a process of its own, writes the records; in the full suite it was seen to
     # have written only the file's header when finish() returned: wait for it, bounded.
-    deadline = time.monotonic() + 20
-    while True:
+    def records() -> bytes | None:
         data = next(run.glob("*.wandb")).read_bytes()
-        if (b"777004" in data and b"424242" in data) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return data if b"777004" in data and b"424242" in data else None
+
+    data = wait_for(records, timeout_s=20, interval_s=0.2, what="the offline run's records")
     assert b"777004" in data and b"424242" in data
     run_id = (tmp_path / "wandb-run-id").read_text().strip()
     assert run_id.startswith("wandb-run-1-") and run.name.endswith(run_id)
