@@ -184,3 +184,22 @@ def test_the_learner_arena_rebuilds_sampled_stacks():
         [batch] = assemble_from(columns, offsets, [part], 1, batch_fields(columns))
         np.testing.assert_array_equal(batch.data["obs"].numpy(), originals[ids[0]]["obs"][:3])
         assert batch.data["obs"].dtype.is_floating_point is False  # uint8 to the learner
+
+
+def test_one_process_keeps_frames_once_and_learns_from_them():
+    """`rlfleet single` on Pong stores packed chunks and trains the Nature DQN on stacks
+    rebuilt from them."""
+    pytest.importorskip("ale_py")
+    from services.single import run_single
+    from shared.config import parse_config
+
+    cfg = parse_config({
+        "env": {"id": "ALE/Pong-v5", "num_envs": 4, "atari": {"max_episode_frames": 800}},
+        "algo": {"name": "dqn", "batch_size": 32},
+        "collector": {"chunk_size": 256},
+        "buffers": {"replay": {"rate_limit": {"min_size": 512, "samples_per_insert": 8}}},
+        "learner": {"chunk_cache": 32},
+        "eval": {"every_env_steps": 10**9, "stop_value": None},
+        "stop": {"max_env_steps": 3000}})
+    result = run_single(cfg)
+    assert result.env_steps >= 3000 and result.train_iterations > 100

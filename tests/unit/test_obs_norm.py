@@ -95,3 +95,16 @@ def test_obs_norm_is_refused_for_a_learner_group():
             "learner": {"count": 2, "mix": [{"buffer": "rollouts", "fraction": 1.0}]}}
     with pytest.raises(ConfigError, match="obs_norm"):
         parse_config(data)
+
+
+def test_one_process_merges_the_counts_and_solves_invertedpendulum():
+    """`rlfleet single` merges each chunk's counts as the learner service does."""
+    pytest.importorskip("mujoco")
+    from services.single import run_single
+    from shared.config import load_config
+
+    from .helpers import REPO
+
+    cfg = load_config(REPO / "configs" / "invertedpendulum-ppo.yaml")
+    result = run_single(cfg)
+    assert result.solved and result.eval_return >= 1000, result
