@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 # The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`): installed on top, so `make up` stays lean.
 $(GAMES): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets]'
 	@touch $(GAMES)
 
 install: $(STAMP)

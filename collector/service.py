@@ -36,6 +36,7 @@ import numpy as np
 
 from collector.adder import StorageAdder
 from collector.rollout import Rollout, evaluate
+from collector.saver import EpisodeSaver
 from shared.algos.base import ActOutput, Policy, make_policy
 from shared.codec import encode_weights
 from shared.config import RunConfig
@@ -208,6 +209,8 @@ class CollectorService(WorkerService):
         self._opponents: deque[Opponent] = deque(maxlen=4096)
         self._last_opponent = Opponent(name="main", kind="main")
         self.games_played = 0
+        self.evaluate_only = False  # collect nothing, only evaluate (--evaluate-only)
+        self.saver: EpisodeSaver | None = None  # collector.save_to
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -276,7 +279,14 @@ class CollectorService(WorkerService):
         spec = run_spec(cfg)
         seed = self.task.seed
         battle = cfg.league is not None
-        envs = None if battle else make_vector_env(cfg.env, cfg.env.num_envs, seed)
+        # Nothing to collect for: evaluations only (an offline run's evaluator, or a run
+        # whose every buffer is a read-only dataset).
+        evaluate_only = self.evaluate_only or not cfg.receiving_buffers
+        envs = (None if battle or evaluate_only
+                else make_vector_env(cfg.env, cfg.env.num_envs, seed))
+        if cfg.collector.save_to and not evaluate_only:
+            self.saver = EpisodeSaver(cfg.collector.save_to, self.agent.worker_id or "collector",
+                                      cfg.env.num_envs, cfg.collector.mode)
         adder = StorageAdder(storage, self.agent.client, lambda: self.agent.worker_id,
                              self._task_id, cfg.collector.report_interval_s,
                              max_held_chunks=cfg.collector.max_held_chunks,
@@ -314,14 +324,16 @@ class CollectorService(WorkerService):
                         log.info("torch loaded: acting with the %s policy after %d env steps "
                                  "at random", cfg.algo.name, self.random_steps)
                 assert policy is not None
-                if rollout is None and battle:
+                if battle and pool is None:
                     from collector.battle import BattleRollout, OpponentPool
 
                     pool = OpponentPool(cfg, spec, storage, seed)
+                if rollout is None and battle and not evaluate_only:
+                    assert pool is not None
                     rollout = BattleRollout(cfg, policy, pool, self._next_opponent,
                                             task.chunk_size, task.mode,
                                             task.episodes_per_chunk, seed)
-                elif rollout is None:
+                elif rollout is None and not evaluate_only:
                     assert envs is not None
                     rollout = Rollout(envs, policy, task.chunk_size, task.mode,
                                       task.episodes_per_chunk)
@@ -333,6 +345,10 @@ class CollectorService(WorkerService):
                     if eval_envs is None or eval_envs.num_envs != task.num_envs:
                         eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
                     self._evaluate(task, eval_envs, policy, weights, storage)
+                if evaluate_only:
+                    self._closing.wait(0.05)
+                    continue
+                assert rollout is not None
                 if adder.throttle.is_set() and not self._wait_for_permit(adder):
                     continue
                 if weights is not None:
@@ -344,6 +360,8 @@ class CollectorService(WorkerService):
                 chunk = rollout.collect(max(adder.global_env_steps, rollout.env_steps))
                 if isinstance(policy, RandomPolicy):
                     self.random_steps += len(chunk.arrays["reward"])
+                if self.saver is not None:  # before the adder packs frames
+                    self.saver.add(chunk.arrays)
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
                           chunk.episode_return_components, chunk.games,
@@ -363,6 +381,8 @@ class CollectorService(WorkerService):
                 envs.close()
             if eval_envs is not None:
                 eval_envs.close()
+            if self.saver is not None:
+                self.saver.close()
             storage.close()
 
     def _real_policy(self, cfg: RunConfig, spec: EnvSpec, seed: int, storage: Storage

@@ -27,6 +27,7 @@ from coordinator.buffers import (
     make_buffer,
     make_limiter,
 )
+from coordinator.buffers.dataset import DatasetBuffer
 from coordinator.buffers.episode import EpisodeBuffer
 from coordinator.buffers.queue import QueueBuffer
 from shared.codec import decode_arrays, encode_arrays
@@ -69,15 +70,25 @@ class PartRefs:
 
 
 class Replay:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, storage: Storage | None = None) -> None:
+        """`storage` is where dataset buffers store their dataset's chunks (needed only for
+        a config with `kind: dataset` buffers)."""
         self.cfg = cfg
         self.buffers: dict[str, Buffer] = {}
         self.limiters: dict[str, RateLimiter] = {}
         for i, (name, bcfg) in enumerate(cfg.buffers.items()):
-            self.buffers[name] = make_buffer(name, bcfg, cfg.seed * 1009 + i,
-                                             getattr(cfg.algo, "priority_eps", 1e-6))
+            seed = cfg.seed * 1009 + i
+            if bcfg.kind == "dataset":
+                from coordinator.datasets import load_dataset_buffer
+
+                if storage is None:
+                    raise ValueError(f"buffers.{name}: a dataset buffer needs storage")
+                self.buffers[name] = load_dataset_buffer(name, bcfg, cfg, storage, seed)
+            else:
+                self.buffers[name] = make_buffer(name, bcfg, seed,
+                                                 getattr(cfg.algo, "priority_eps", 1e-6))
             self.limiters[name] = make_limiter(bcfg)
-        self.insert_into = list(cfg.collector.insert_into or cfg.buffers)
+        self.insert_into = list(cfg.receiving_buffers)
         self.registry = ChunkRegistry()
         self.generation = 0  # of the last snapshot written or loaded
         self.released_by: Counter[str] = Counter()  # the ledger: chunks let go of, by reason
@@ -323,6 +334,8 @@ class Replay:
             buf.restore(arrays, meta)
         self.registry = ChunkRegistry()
         for buf in self.buffers.values():
+            if isinstance(buf, DatasetBuffer):
+                continue  # outside the registry: never released, never deleted
             for chunk_id in buf.chunk_ids():
                 self.registry.hold(chunk_id, 1)
         self.holders = {}  # restored queues hold their in-flight chunks queued again

@@ -57,6 +57,10 @@ class RunLog:
         # After a resume each scope writes its first record at once, so the gap the restart
         # left in a curve is as short as the snapshot allows.
         self._force = set(("collect", "train", "update", "info")) if resume_step else set()
+        # A run that collects nothing (offline: dataset buffers only) counts no env steps;
+        # its records are stepped by train iterations instead, which do advance.
+        self.offline = not cfg.receiving_buffers
+        self._iterations = 0
         if run_dir is None:
             return
         from shared.logger import RunLogger  # tensorboard is a heavy import: only with a run
@@ -64,11 +68,15 @@ class RunLog:
         self.logger = RunLogger(Path(run_dir), cfg.logging, cfg.name,
                                 cfg.model_dump(mode="json"), resume_step=resume_step)
 
-    def _log(self, scope: str, step: int, scalars: Mapping[str, Any]) -> bool:
+    def _log(self, scope: str, step: int, scalars: Mapping[str, Any],
+             force: bool = False) -> bool:
         if self.logger is None:
             return False
+        if self.offline:
+            step = self._iterations
         try:
-            written = self.logger.log(scope, step, scalars, force=scope in self._force)
+            written = self.logger.log(scope, step, scalars,
+                                      force=force or scope in self._force)
             if written:
                 self._force.discard(scope)
             return written
@@ -112,7 +120,12 @@ class RunLog:
             scalars = {f"train/{k}": v for k, v in req.metrics.items()}
             scalars["train/train_iterations"] = float(req.train_iterations)
             scalars["train/updates_per_s"] = iterations_per_s
-            self._log("train", env_steps, scalars)
+            self._iterations = max(self._iterations, req.train_iterations)
+            # The metric evaluator's scores ride in the train record, written whatever the
+            # scope's interval: the eval scope's steps belong to env evaluations, which
+            # arrive later than the train iteration they evaluated.
+            scalars.update({f"eval/dataset/{k}": v for k, v in req.dataset_eval.items()})
+            self._log("train", env_steps, scalars, force=bool(req.dataset_eval))
             if self._log("update", env_steps, self._timers.means()):
                 self._timers.clear()
 

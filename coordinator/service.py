@@ -89,7 +89,7 @@ class Coordinator:
         self.started_at = clock()
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.tasks = TaskTable()
-        self.replay = Replay(cfg)
+        self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
         # Counters, guarded by `_cond` (whose lock also orders sampling against inserts).
         self._cond = threading.Condition()
@@ -566,6 +566,9 @@ class Coordinator:
         stop = self.cfg.stop
         if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
             self.stop(f"max_env_steps={stop.max_env_steps} reached")
+        if stop.max_train_iterations is not None and \
+                self.train_iterations >= stop.max_train_iterations:
+            self.stop(f"max_train_iterations={stop.max_train_iterations} reached")
         if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
             self.stop(f"max_wall_s={stop.max_wall_s} reached")
         if not self.stopped:

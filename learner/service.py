@@ -24,6 +24,7 @@ import torch
 
 from learner.checkpoints import CheckpointStore
 from learner.dataproc import DataProcess
+from learner.dataset_eval import DatasetScorer
 from learner.feedback import PriorityFeedback, updates_from
 from learner.group import GroupError, GroupMember
 from learner.prefetch import Prefetcher
@@ -66,6 +67,7 @@ class LearnerService(WorkerService):
         self.train_iterations = 0
         self.publisher = Publisher(self._closing)
         self.metrics: dict[str, float] = {}
+        self.dataset_scores: dict[str, float] = {}  # eval.dataset, not yet reported
         self.error: str | None = None
         self.update_s = 0.0
         self.wait_s = 0.0
@@ -374,6 +376,8 @@ class LearnerService(WorkerService):
         reporter = Reporter(self.agent.client)
         interval = cfg.learner.learn_info_interval_s
         step_metrics: dict[str, Any] = {}
+        scorer = (DatasetScorer(cfg, run_spec(cfg))
+                  if cfg.eval.dataset is not None and self.is_publisher else None)
         try:
             while not self._closing.is_set() and not prefetcher.stop_run.is_set():
                 if reporter.stop_run.is_set():
@@ -402,6 +406,8 @@ class LearnerService(WorkerService):
                             policy.train_iterations % cfg.learner.publish_every == 0:
                         self._publish(policy, wait=False)
                     self.train_iterations = policy.train_iterations
+                    if scorer is not None and scorer.due(policy.train_iterations):
+                        self.dataset_scores = scorer.score(policy, policy.train_iterations)
                     # Within a response too: with a large network one response is seconds
                     # of updates, and progress (and priorities) should not wait for its end.
                     if reporter.due(interval):
@@ -442,10 +448,11 @@ class LearnerService(WorkerService):
                                           self.policy_version)
         metrics, priorities, timers = dict(self.metrics), self.feedback.take_arrays(), \
             self._timers(policy)
+        scores, self.dataset_scores = self.dataset_scores, {}
         return lambda: LearnInfo(worker_id=worker_id, train_iterations=iterations,
                                  policy_version=version, metrics=metrics,
                                  priorities=updates_from(priorities), consumed=[],
-                                 timers=timers)
+                                 timers=timers, dataset_eval=scores)
 
     def _mark_best(self, reporter: Reporter) -> None:
         best = reporter.best_policy_version

@@ -96,6 +96,8 @@ def _worker(args: argparse.Namespace, role: str) -> int:
 
     def factory():
         service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
+        if getattr(args, "evaluate_only", False):
+            service.evaluate_only = True
         return create_worker_app(service)
 
     return serve_in_process(factory, args.host, args.port, threads=4)
@@ -160,6 +162,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     args.resume = True
     return up(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's collected episodes as a Minari dataset (`services/export.py`)."""
+    from services.export import export_run
+
+    done = export_run(args.run_dir, args.out, args.dataset_id, args.source, args.min_return,
+                      args.max_return, args.limit, args.episodes)
+    print(f"exported {done.episodes} episodes ({done.steps} steps, mean return "
+          f"{done.mean_return:.1f}) from {done.source} as {done.dataset_id} to {done.path}")
+    print(f"read it with: MINARI_DATASETS_PATH={Path(args.out).resolve()} python -c "
+          f"\"import minari; print(minari.load_dataset('{done.dataset_id}'))\"")
+    return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -282,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
         w.add_argument("--worker-id", default=env("WORKER_ID"))
         w.add_argument("--storage", default=env("STORAGE"),
                        help="override the storage the coordinator announces")
+        if role == "collector":
+            w.add_argument("--evaluate-only", action="store_true",
+                           default=env("EVALUATE_ONLY") == "1",
+                           help="collect nothing, only run the evaluations the coordinator "
+                           "sends (an offline run's evaluator)")
         w.set_defaults(func=lambda a, r=role: _worker(a, r))
 
     u = sub.add_parser("up", help="run a whole cluster as local processes until solved")
@@ -313,6 +333,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--collector-nice", type=int, default=5)
     _supervision_options(r)
     r.set_defaults(func=cmd_resume)
+
+    ex = sub.add_parser("export", help="write a run's collected episodes as a Minari dataset")
+    ex.add_argument("run_dir")
+    ex.add_argument("--out", required=True, help="Minari datasets root to write under")
+    ex.add_argument("--dataset-id", default=None,
+                    help="namespace/name-vN (default: rlfleet/<run name>-v0)")
+    ex.add_argument("--source", default="auto", choices=("auto", "saved", "snapshot", "policy"),
+                    help="the buffer saver's episodes (collector.save_to), a buffer snapshot, "
+                    "or episodes played by the run's best policy")
+    ex.add_argument("--episodes", type=int, default=20,
+                    help="--source policy: episodes to play")
+    ex.add_argument("--min-return", type=float, default=None,
+                    help="keep only episodes that scored at least this")
+    ex.add_argument("--max-return", type=float, default=None,
+                    help="keep only episodes that scored at most this")
+    ex.add_argument("--limit", type=int, default=None, help="the first N episodes kept")
+    ex.set_defaults(func=cmd_export)
 
     pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG")
     pl.add_argument("run_dir", help="runs/<name>")

@@ -238,6 +238,13 @@ class LocalCluster:
         return self._spawn(name, "collector", ["--worker-id", name, *self._worker_args()],
                            free_port(), nice=self.collector_nice)
 
+    def add_evaluator(self) -> Child:
+        """A collector that only evaluates (`--evaluate-only`): an offline run has no
+        collectors, and its evaluations still step envs."""
+        return self._spawn("evaluator", "collector", ["--worker-id", "evaluator",
+                                                      "--evaluate-only", *self._worker_args()],
+                           free_port(), nice=self.collector_nice)
+
     def exited(self) -> list[Child]:
         """Children that exited on their own (drained collectors are expected to exit)."""
         return [c for c in self.children if c.proc.poll() is not None and c not in self.retired]
@@ -289,7 +296,8 @@ class LocalCluster:
     def collectors(self) -> list[Child]:
         """Collectors not being drained, oldest first. One that crashed counts: it is about to
         be restarted, and scaling must not start another in its place."""
-        return [c for c in self.children if c.role == "collector" and c not in self.retired]
+        return [c for c in self.children if c.role == "collector" and c.name != "evaluator"
+                and c not in self.retired]
 
     def retire_collector(self) -> Child | None:
         """Drain the newest collector: SIGTERM makes it finish its chunk, write and report
@@ -395,9 +403,25 @@ def _resolve(args) -> tuple[Path, Path, str, dict]:
         learner = {**cfg.learner.model_dump(), "count": args.learners}
     cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage, stop=stop,
                              learner=learner)
+    data = _absolute_paths(cfg.model_dump(mode="json"), run_dir)
     resolved = run_dir / "config.yaml"
-    resolved.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    return resolved, run_dir, storage, cfg.model_dump(mode="json")
+    resolved.write_text(yaml.safe_dump(data, sort_keys=False))
+    return resolved, run_dir, storage, data
+
+
+def _absolute_paths(data: dict, run_dir: Path) -> dict:
+    """Paths the workers read, made absolute (they may run elsewhere than this directory):
+    datasets relative to where `up` was run, the buffer saver's directory to the run's."""
+    for bcfg in data["buffers"].values():
+        if bcfg.get("path"):
+            bcfg["path"] = str(Path(bcfg["path"]).expanduser().resolve())
+    if (data["eval"].get("dataset") or {}).get("path"):
+        data["eval"]["dataset"]["path"] = str(Path(data["eval"]["dataset"]["path"])
+                                              .expanduser().resolve())
+    if data["collector"].get("save_to"):
+        data["collector"]["save_to"] = str(run_dir / Path(data["collector"]["save_to"])
+                                           .expanduser())
+    return data
 
 
 def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
@@ -547,6 +571,8 @@ def up(args) -> int:
             cluster.add_learner()
         for _ in range(args.collectors):
             cluster.add_collector()
+        if args.collectors == 0:  # an offline run: learners, and an env to evaluate in
+            cluster.add_evaluator()
         # Later children (restarts, scaling) exec: a fresh process for a crashed one, and this
         # process now holds connections and, with the progress display, a thread.
         cluster.fork = False

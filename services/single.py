@@ -33,7 +33,7 @@ from learner.rollouts import concat_chunks
 from learner.sampling import batch_fields
 from shared.algos.base import Policy, make_policy
 from shared.codec import encode_weights
-from shared.config import RunConfig
+from shared.config import ConfigError, RunConfig
 from shared.envs import EnvSpec, make_vector_env, run_spec
 from shared.frames import pack, packable
 from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
@@ -177,6 +177,9 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
 
         with tempfile.TemporaryDirectory(prefix="rlfleet-single-league-") as tmp:
             return run_single(cfg, progress, tmp)
+    if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
+        raise ConfigError("buffers: `rlfleet single` reads no datasets; run an offline "
+                          "config with `rlfleet up --collectors 0`")
     torch.set_num_threads(1)
     start = time.monotonic()
     spec = run_spec(cfg)

@@ -99,6 +99,22 @@ class DQNConfig(_AlgoBase):
                                 "priority, so no item is never replayed again")
 
 
+class CQLConfig(DQNConfig):
+    """Discrete CQL (Kumar et al. 2020): DQN's double-DQN target plus a conservative penalty,
+    so Q-values of actions the dataset never took are pushed down rather than trusted."""
+
+    name: Literal["cql"] = "cql"  # type: ignore[assignment]
+    cql_alpha: float = Field(1.0, ge=0, description="weight of logsumexp_a Q(s, a) - "
+                             "Q(s, a_data)")
+
+
+class BCConfig(_AlgoBase):
+    """Behaviour cloning: maximum likelihood of the dataset's actions (cross-entropy over
+    discrete actions, squared error for continuous ones)."""
+
+    name: Literal["bc"] = "bc"
+
+
 class PPOConfig(_AlgoBase):
     name: Literal["ppo"] = "ppo"
     hidden_sizes: tuple[int, ...] = Field((64, 64), description="MLP widths of actor and critic")
@@ -126,8 +142,10 @@ class PPOConfig(_AlgoBase):
                                        "by a policy more than this many versions old")
 
 
-AlgoConfig = Annotated[DQNConfig | PPOConfig, Field(discriminator="name")]
-ALGO_NAMES = ("dqn", "ppo")
+AlgoConfig = Annotated[DQNConfig | CQLConfig | BCConfig | PPOConfig,
+                       Field(discriminator="name")]
+ALGO_NAMES = ("dqn", "cql", "bc", "ppo")
+OFFLINE_ALGOS = ("cql", "bc")  # learn from datasets alone: no exploration to speak of
 
 
 class CollectorConfig(_Frozen):
@@ -151,6 +169,9 @@ class CollectorConfig(_Frozen):
         "auto", description="how chunks' large columns are compressed in storage; auto: zstd "
         "for chunks of stacked frames (tens of times smaller), none for the rest (small "
         "float columns gain too little for the time)")
+    save_to: str | None = Field(None, description="a buffer saver: every whole episode "
+                                "collected is also written to this directory (relative: to "
+                                "the run directory), for `rlfleet export`")
 
 
 class RateLimitConfig(_Frozen):
@@ -171,7 +192,7 @@ class RateLimitConfig(_Frozen):
         "instead of running error_buffer behind it")
 
 
-BufferKind = Literal["uniform", "prioritized", "episode", "queue"]
+BufferKind = Literal["uniform", "prioritized", "episode", "queue", "dataset"]
 
 
 class BufferConfig(_Frozen):
@@ -192,7 +213,24 @@ class BufferConfig(_Frozen):
     # queue
     max_policy_lag: int | None = Field(None, ge=0, description="queue: chunks acted by a "
                                        "policy older than this many versions are dropped")
+    # dataset
+    path: str | None = Field(None, description="dataset: a Minari dataset's directory (ours "
+                             "from `rlfleet export`, or any Minari dataset)")
+    minari_id: str | None = Field(None, description="dataset: a Minari dataset id, looked up "
+                                  "under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
     rate_limit: RateLimitConfig = RateLimitConfig()
+
+    @model_validator(mode="after")
+    def _dataset_source(self) -> BufferConfig:
+        if self.kind == "dataset":
+            if (self.path is None) == (self.minari_id is None):
+                raise ValueError("a dataset buffer needs exactly one of path and minari_id")
+            if self.rate_limit.samples_per_insert is not None:
+                raise ValueError("rate_limit.samples_per_insert: a dataset buffer is read-only; "
+                                 "nothing is inserted to balance samples against")
+        elif self.path is not None or self.minari_id is not None:
+            raise ValueError(f"path and minari_id are for kind: dataset, not {self.kind!r}")
+        return self
 
 
 class MixPart(_Frozen):
@@ -235,6 +273,25 @@ class LearnerConfig(_Frozen):
     learn_info_interval_s: float = Field(0.1, gt=0)
 
 
+class DatasetEvalConfig(_Frozen):
+    """The metric evaluator: the current policy against a held-out dataset."""
+
+    path: str | None = Field(None, description="a Minari dataset's directory")
+    minari_id: str | None = None
+    metric: Literal["action_accuracy", "td_error", "return_prediction"] = Field(
+        "action_accuracy", description="action_accuracy: share of steps whose greedy action is "
+        "the dataset's; td_error: mean |r + gamma max_a' Q(s', a') - Q(s, a)|; "
+        "return_prediction: mean |max_a Q(s, a) - discounted return from s|")
+    every_train_iterations: int = Field(1000, ge=1)
+    max_steps: int = Field(100_000, ge=1, description="steps of the dataset used (its first)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetEvalConfig:
+        if (self.path is None) == (self.minari_id is None):
+            raise ValueError("eval.dataset needs exactly one of path and minari_id")
+        return self
+
+
 class EvalConfig(_Frozen):
     every_env_steps: int | None = Field(5000, ge=1, description="evaluate every this many "
                                         "env steps")
@@ -249,10 +306,14 @@ class EvalConfig(_Frozen):
     num_envs: int = Field(10, ge=1, le=1000, description="eval episodes run side by side")
     stop_value: float | None = Field(475.0, description="mean deterministic return that ends "
                                      "the run as solved")
+    dataset: DatasetEvalConfig | None = Field(None, description="also score the policy on a "
+                                              "dataset, as eval/dataset/<metric>")
 
 
 class StopConfig(_Frozen):
     max_env_steps: int | None = Field(None, ge=1)
+    max_train_iterations: int | None = Field(None, ge=1, description="offline runs have no "
+                                             "env steps to count")
     max_wall_s: float | None = Field(None, gt=0)
 
 
@@ -433,7 +494,7 @@ class RunConfig(_Frozen):
         if queues and len(self.learner.mix) > 1:
             raise ValueError(f"learner.mix: queue buffer {queues[0]!r} hands out whole chunks "
                              "and cannot be mixed with other buffers")
-        if self.algo.name == "dqn" and self.algo.policy is None and queues:
+        if self.algo.name in ("dqn", "cql") and self.algo.policy is None and queues:
             raise ValueError(f"learner.mix: DQN samples transitions; queue buffer "
                              f"{queues[0]!r} is for on-policy algorithms")
         if self.eval.every_env_steps is None and self.eval.every_train_iterations is None:
@@ -449,12 +510,29 @@ class RunConfig(_Frozen):
             if name not in names:
                 raise ValueError(f"collector.insert_into names buffer {name!r}, not one of "
                                  f"{sorted(names)}")
+            if self.buffers[name].kind == "dataset":
+                raise ValueError(f"collector.insert_into names buffer {name!r}, a read-only "
+                                 "dataset buffer")
+        if self.collector.save_to is not None and getattr(self.algo, "obs_norm", False):
+            raise ValueError("collector.save_to: with algo.obs_norm chunks hold normalised "
+                             "observations, which are no dataset of the env")
+        if self.algo.name == "bc" and self.algo.policy is None and any(
+                self.buffers[p.buffer].kind == "queue" for p in self.learner.mix):
+            raise ValueError("learner.mix: behaviour cloning samples transitions, not a queue")
         problem = self.group_problem(self.learner.count)
         if problem:
             raise ValueError(f"learner.count={self.learner.count}: {problem}")
         if self.league is not None:
             self._check_league(self.league)
         return self
+
+    @property
+    def receiving_buffers(self) -> tuple[str, ...]:
+        """The buffers collected chunks go into: `collector.insert_into`, or every buffer
+        that is not a read-only dataset."""
+        if self.collector.insert_into is not None:
+            return self.collector.insert_into
+        return tuple(n for n, b in self.buffers.items() if b.kind != "dataset")
 
     def _check_league(self, league: LeagueConfig) -> None:
         """What can be checked without importing the game (`check_run_config` builds it)."""

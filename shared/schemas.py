@@ -378,6 +378,9 @@ class LearnInfo(Request):
     consumed: list[Consumed] = Field(default_factory=list, max_length=64)
     timers: dict[str, Finite] = Field(default_factory=dict, max_length=32, description="ms per "
                                      "train iteration since the last report, by phase")
+    dataset_eval: dict[str, Finite] = Field(default_factory=dict, max_length=8, description=
+                                            "the metric evaluator's scores (eval.dataset), when "
+                                            "one ran since the last report")
 
 
 class LearnInfoResponse(Response):

@@ -30,6 +30,8 @@ def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1
         return EpisodeBuffer(name, cfg.capacity, seed, sequence_length=cfg.sequence_length)
     if cfg.kind == "queue":
         return QueueBuffer(name, cfg.capacity, seed, max_policy_lag=cfg.max_policy_lag)
+    if cfg.kind == "dataset":
+        raise ValueError(f"buffers.{name}: dataset buffers are loaded by coordinator.datasets")
     raise ValueError(f"buffers.{name}.kind={cfg.kind!r} is not a buffer kind")
 
 

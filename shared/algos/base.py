@@ -139,7 +139,8 @@ def load_object(path: str, what: str) -> Any:
     return obj
 
 
-BUILTIN = {"dqn": "shared.algos.dqn:DQN", "ppo": "shared.algos.ppo:PPO"}
+BUILTIN = {"dqn": "shared.algos.dqn:DQN", "cql": "shared.algos.cql:CQL",
+           "bc": "shared.algos.bc:BehaviourCloning", "ppo": "shared.algos.ppo:PPO"}
 
 
 def policy_class(algo_cfg: Any) -> type:
@@ -163,7 +164,7 @@ def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
 
 # Built-in algorithms that need a discrete action space: what `check_run_config(build=False)`
 # checks without importing them (and torch); their constructors check it again.
-DISCRETE_ONLY = {"dqn"}
+DISCRETE_ONLY = {"dqn", "cql"}
 
 
 def check_run_config(cfg: Any, build: bool = True) -> None:
@@ -193,6 +194,10 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
         raise ConfigError(str(err)) from None
     except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
         raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
+    if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
+        from shared.datasets import check_datasets
+
+        check_datasets(cfg, spec)
     if not build and not cfg.algo.policy:
         if cfg.algo.name in DISCRETE_ONLY and not spec.discrete:
             raise ConfigError(f"algo: algo.name={cfg.algo.name!r} needs a discrete action "

@@ -1,0 +1,73 @@
+"""The metric evaluator: the current policy scored on a held-out dataset, every N train
+iterations, on the learner (which holds the policy; no env is stepped).
+
+Metrics (`eval.dataset.metric`), over the dataset's first `max_steps` steps:
+- `action_accuracy`: the share of steps where the policy's greedy action is the dataset's
+  (discrete actions);
+- `td_error`: mean |r + gamma (1 - terminated) max_a' Q(s', a') - Q(s, a)| with the online
+  network throughout (Q-learning policies: dqn, cql);
+- `return_prediction`: mean |max_a Q(s, a) - G(s)|, G the discounted return from s to its
+  episode's end in the dataset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shared.algos.base import Policy
+from shared.algos.nets import as_obs_tensor
+from shared.config import ConfigError, RunConfig
+from shared.datasets import discounted_returns, episodes, open_dataset, transitions
+from shared.envs import EnvSpec
+
+BATCH = 4096
+
+
+def q_values(policy: Policy, obs: np.ndarray) -> np.ndarray:
+    """Q(s, .) of a Q-learning policy (one with a `q` network), in batches."""
+    q_net = getattr(policy, "q", None)
+    if q_net is None:
+        raise ConfigError(f"eval.dataset.metric: needs Q-values; {type(policy).__name__} has "
+                          "no Q-network (use algo.name dqn or cql)")
+    with torch.inference_mode():
+        return np.concatenate([q_net(as_obs_tensor(obs[i:i + BATCH])).numpy()
+                               for i in range(0, len(obs), BATCH)])
+
+
+class DatasetScorer:
+    def __init__(self, cfg: RunConfig, spec: EnvSpec) -> None:
+        d = cfg.eval.dataset
+        assert d is not None
+        self.metric = d.metric
+        self.every = d.every_train_iterations
+        self.gamma = cfg.algo.gamma
+        if self.metric == "action_accuracy" and not spec.discrete:
+            raise ConfigError("eval.dataset.metric=action_accuracy needs discrete actions")
+        self.data = transitions(episodes(open_dataset(d.path, d.minari_id, "eval.dataset"),
+                                         spec, "eval.dataset", d.max_steps), "eval.dataset")
+        self.returns = discounted_returns(self.data["reward"], self.data["cut"],
+                                          self.data["terminated"], self.gamma)
+        self.last = 0
+
+    def due(self, train_iterations: int) -> bool:
+        return train_iterations - self.last >= self.every
+
+    def score(self, policy: Policy, train_iterations: int) -> dict[str, float]:
+        self.last = train_iterations
+        return {self.metric: score(self.metric, policy, self.data, self.returns, self.gamma)}
+
+
+def score(metric: str, policy: Policy, data: dict[str, np.ndarray], returns: np.ndarray,
+          gamma: float) -> float:
+    obs, action = data["obs"], data["action"].astype(np.int64)
+    if metric == "action_accuracy":
+        greedy = np.concatenate([policy.act_eval(obs[i:i + BATCH], deterministic=True)
+                                 for i in range(0, len(obs), BATCH)])
+        return float((greedy == action).mean())
+    q = q_values(policy, obs)
+    if metric == "return_prediction":
+        return float(np.abs(q.max(axis=1) - returns).mean())
+    next_q = q_values(policy, data["next_obs"]).max(axis=1)
+    target = data["reward"] + gamma * (1.0 - data["terminated"]) * next_q
+    return float(np.abs(target - q[np.arange(len(q)), action]).mean())

@@ -1,0 +1,165 @@
+"""`rlfleet export RUN_DIR --out DIR`: a run's collected data as a Minari dataset.
+
+Two sources:
+- `saved`: the episodes the run's buffer saver wrote (`collector.save_to`), every whole
+  episode every collector made, in order;
+- `snapshot`: the chunks a buffer snapshot in the run's storage refers to. Chunks cut
+  episodes anywhere, so only the episodes wholly inside one chunk are exported: a run of rows
+  that ends done and starts right after another episode's end (or, for chunks cut by
+  episodes, every run).
+- `policy`: episodes played now by the run's best-evaluated policy (`best_policy` in the run
+  directory), acting as it did when collecting (DQN: epsilon at its final value): the expert
+  dataset of a solved run, as many episodes as asked, where a run that stopped on solving
+  collected only a few at its end.
+`auto` takes `saved` when the run has it. `--min-return` and `--max-return` keep the episodes
+that scored within them, and `--limit N` the first N of those: an expert dataset from a run
+that learned along the way, or its first, random episodes (`minari.combine_datasets` joins
+the two into one of mixed quality).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from collector.saver import read_saved
+from shared.config import ConfigError, RunConfig, load_config
+from shared.datasets import write_minari
+from shared.storage import open_storage
+
+
+@dataclass
+class Exported:
+    path: Path
+    dataset_id: str
+    episodes: int
+    steps: int
+    source: str
+    mean_return: float
+
+
+def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool) -> Iterator[dict[str, np.ndarray]]:
+    """The whole episodes of one unpacked chunk."""
+    done = arrays["terminated"] | arrays["truncated"]
+    start = 0
+    for end in np.flatnonzero(arrays["cut"]).tolist():
+        after_episode = start > 0 and bool(done[start - 1])
+        if done[end] and (whole_chunks or after_episode):
+            yield {"observations": np.concatenate([arrays["obs"][start:end + 1],
+                                                   arrays["next_obs"][end:end + 1]]),
+                   "actions": arrays["action"][start:end + 1],
+                   "rewards": arrays["reward"][start:end + 1],
+                   "terminations": arrays["terminated"][start:end + 1],
+                   "truncations": arrays["truncated"][start:end + 1]}
+        start = end + 1
+
+
+def snapshot_episodes(cfg: RunConfig, run_dir: Path) -> Iterator[dict[str, np.ndarray]]:
+    from coordinator.buffers.dataset import DatasetBuffer
+    from coordinator.replay import Replay
+    from shared.codec import decode_arrays
+    from shared.frames import unpack
+
+    storage = open_storage(cfg.storage or str(run_dir / "storage"), cfg.name)
+    try:
+        replay = Replay(cfg, storage)
+        if replay.load(storage) is None:
+            raise ConfigError(f"{run_dir}: no buffer snapshot in its storage")
+        ids = sorted(set().union(*(b.chunk_ids() for b in replay.buffers.values()
+                                   if not isinstance(b, DatasetBuffer))))
+        whole = cfg.collector.mode == "episodes"
+        for k in range(0, len(ids), 64):
+            for blob in storage.get_chunks(ids[k:k + 64]):
+                if blob is not None:
+                    arrays, _ = decode_arrays(blob)
+                    yield from _runs(unpack(arrays), whole)
+    finally:
+        storage.close()
+
+
+def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int
+                    ) -> Iterator[dict[str, np.ndarray]]:
+    import torch
+
+    from collector.rollout import Rollout
+    from shared.algos.base import make_policy
+    from shared.codec import decode_weights
+    from shared.envs import make_vector_env, run_spec
+
+    best = run_dir / "best_policy.safetensors"
+    if not best.is_file():
+        raise ConfigError(f"{run_dir}: no best_policy.safetensors (the run was never "
+                          "evaluated)")
+    torch.set_num_threads(1)
+    state, meta = decode_weights(best.read_bytes())
+    policy = make_policy(cfg.algo, run_spec(cfg), cfg.seed)
+    policy.load_policy(int(meta.get("policy_version", 0)), state)
+    envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
+    try:
+        rollout = Rollout(envs, policy, mode="episodes", episodes_per_chunk=1)
+        for _ in range(episodes):
+            yield from _runs(rollout.collect(2**62).arrays, True)
+    finally:
+        envs.close()
+
+
+def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = None,
+               source: str = "auto", min_return: float | None = None,
+               max_return: float | None = None, limit: int | None = None,
+               episodes: int = 20) -> Exported:
+    from shared.envs import make_vector_env
+
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
+    cfg = load_config(config_path)
+    if cfg.league is not None:
+        raise ConfigError("rlfleet export: self-play runs are two-player games, not Minari's "
+                          "single-agent episodes")
+    saved = Path(cfg.collector.save_to) if cfg.collector.save_to else None
+    if saved is not None and not saved.is_absolute():
+        saved = run_dir / saved
+    if source == "auto":
+        source = "saved" if saved is not None and saved.is_dir() else "snapshot"
+    if source == "saved":
+        if saved is None or not saved.is_dir():
+            raise ConfigError(f"{run_dir}: the run saved no episodes (collector.save_to unset "
+                              "or its directory missing); try --source snapshot")
+        eps: Iterable[dict[str, np.ndarray]] = read_saved(saved)
+    elif source == "snapshot":
+        eps = snapshot_episodes(cfg, run_dir)
+    elif source == "policy":
+        eps = policy_episodes(cfg, run_dir, episodes)
+    else:
+        raise ConfigError(f"--source={source!r}: one of auto, saved, snapshot, policy")
+    returns: list[float] = []
+    steps = [0]
+
+    def kept() -> Iterator[dict[str, np.ndarray]]:
+        for ep in eps:
+            if limit is not None and len(returns) >= limit:
+                return
+            ret = float(np.sum(ep["rewards"]))
+            if (min_return is None or ret >= min_return) and \
+                    (max_return is None or ret <= max_return):
+                returns.append(ret)
+                steps[0] += len(ep["actions"])
+                yield ep
+
+    envs = make_vector_env(cfg.env, 1, cfg.seed)
+    try:
+        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    finally:
+        envs.close()
+    dataset_id = dataset_id or f"rlfleet/{cfg.name.replace('.', '-')}-v0"
+    path = write_minari(out, dataset_id, kept(), cfg.env.id, obs_space, act_space,
+                        algorithm_name=cfg.algo.name,
+                        description=f"episodes collected by rlfleet run {cfg.name} "
+                                    f"({source}; returns in [{min_return}, {max_return}]"
+                                    f"{f', the first {limit}' if limit else ''})")
+    return Exported(path, dataset_id, len(returns), steps[0], source,
+                    float(np.mean(returns)) if returns else float("nan"))
