@@ -45,14 +45,13 @@ class EpisodeSaver:
         finished: list[dict[str, np.ndarray]] = []
         start = 0
         for end in ends.tolist():
-            run = {k: np.asarray(arrays[k][start:end + 1]) for k in STEP_FIELDS}
-            run["next_obs"] = np.asarray(arrays["next_obs"][end:end + 1])
+            run = run_rows(arrays, start, end)
             # samples mode: the env whose block this run lies in; episodes mode: runs are
             # whole episodes, never continued
             env = start * self.num_envs // n if self.mode == "samples" else -1
             parts = self.pending.pop(env, []) + [run]
             if done[end]:
-                finished.append(_episode(parts))
+                finished.append(as_episode(parts))
             else:
                 self.pending[env] = parts
             start = end + 1
@@ -75,7 +74,14 @@ class EpisodeSaver:
         self.pending.clear()  # unfinished episodes are not whole: dropped
 
 
-def _episode(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def run_rows(arrays: Mapping[str, np.ndarray], start: int, end: int) -> dict[str, np.ndarray]:
+    """Rows start..end of a chunk, and the last row's next observation."""
+    run = {k: np.asarray(arrays[k][start:end + 1]) for k in STEP_FIELDS}
+    run["next_obs"] = np.asarray(arrays["next_obs"][end:end + 1])
+    return run
+
+
+def as_episode(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Runs of one episode as Minari's fields: n+1 observations, n of everything else."""
     obs = np.concatenate([p["obs"] for p in parts] + [parts[-1]["next_obs"]])
     return {"observations": obs,

@@ -79,6 +79,8 @@ class Replay:
         for i, (name, bcfg) in enumerate(cfg.buffers.items()):
             seed = cfg.seed * 1009 + i
             if bcfg.kind == "dataset":
+                # here, not at the top: it imports gymnasium, which a coordinator without
+                # dataset buffers never needs at start-up
                 from coordinator.datasets import load_dataset_buffer
 
                 if storage is None:

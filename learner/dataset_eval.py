@@ -46,8 +46,7 @@ class DatasetScorer:
             raise ConfigError("eval.dataset.metric=action_accuracy needs discrete actions")
         self.data = transitions(episodes(open_dataset(d.path, d.minari_id, "eval.dataset"),
                                          spec, "eval.dataset", d.max_steps), "eval.dataset")
-        self.returns = discounted_returns(self.data["reward"], self.data["cut"],
-                                          self.data["terminated"], self.gamma)
+        self.returns = discounted_returns(self.data["reward"], self.data["cut"], self.gamma)
         self.last = 0
 
     def due(self, train_iterations: int) -> bool:

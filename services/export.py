@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collector.saver import read_saved
+from collector.saver import as_episode, read_saved, run_rows
 from shared.config import ConfigError, RunConfig, load_config
 from shared.datasets import write_minari
 from shared.storage import open_storage
@@ -48,12 +48,7 @@ def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool) -> Iterator[dict[st
     for end in np.flatnonzero(arrays["cut"]).tolist():
         after_episode = start > 0 and bool(done[start - 1])
         if done[end] and (whole_chunks or after_episode):
-            yield {"observations": np.concatenate([arrays["obs"][start:end + 1],
-                                                   arrays["next_obs"][end:end + 1]]),
-                   "actions": arrays["action"][start:end + 1],
-                   "rewards": arrays["reward"][start:end + 1],
-                   "terminations": arrays["terminated"][start:end + 1],
-                   "truncations": arrays["truncated"][start:end + 1]}
+            yield as_episode([run_rows(arrays, start, end)])
         start = end + 1
 
 

@@ -145,7 +145,6 @@ class PPOConfig(_AlgoBase):
 AlgoConfig = Annotated[DQNConfig | CQLConfig | BCConfig | PPOConfig,
                        Field(discriminator="name")]
 ALGO_NAMES = ("dqn", "cql", "bc", "ppo")
-OFFLINE_ALGOS = ("cql", "bc")  # learn from datasets alone: no exploration to speak of
 
 
 class CollectorConfig(_Frozen):

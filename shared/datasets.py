@@ -160,8 +160,7 @@ def transitions(eps: Iterable[dict[str, np.ndarray]], field: str) -> dict[str, n
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def discounted_returns(reward: np.ndarray, cut: np.ndarray, terminated: np.ndarray,
-                       gamma: float) -> np.ndarray:
+def discounted_returns(reward: np.ndarray, cut: np.ndarray, gamma: float) -> np.ndarray:
     """Return from each step to its episode's end, discounted (0 after a terminal step; an
     episode cut short is scored on what it got)."""
     out = np.zeros(len(reward), dtype=np.float64)

@@ -165,36 +165,44 @@ class DQN:
               weights: torch.Tensor | None = None) -> LearnOutput:
         """One gradient step. `weights` are importance-sampling weights from a prioritized
         buffer (None: all ones); the new priorities are |TD error|."""
-        obs, action = batch["obs"], batch["action"].long()
-        reward, next_obs = batch["reward"], batch["next_obs"]
-        not_done = 1.0 - batch["terminated"].float()
-
-        # Double DQN target: the online net picks the next action, the target net values it.
-        with torch.no_grad():
-            next_action = masked_q(self.q(next_obs), batch.get("next_action_mask")).argmax(
-                dim=1, keepdim=True)
-            next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
-            target = reward + self.cfg.gamma * not_done * next_q
-
-        q = self.q(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        all_q = self.q(batch["obs"])
+        q, target = self._q_and_target(all_q, batch)
         if weights is None:
             loss = F.smooth_l1_loss(q, target)
         else:
             loss = (weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        grad_norm = self._step(loss)
+        td_abs = (target - q.detach()).abs()
+        return LearnOutput({"loss": loss.detach(), "q_mean": q.detach().mean(),
+                            "grad_norm": grad_norm}, td_abs)
 
+    def _q_and_target(self, all_q: torch.Tensor, batch: Mapping[str, torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q(s, a) of the batch's actions, and their double-DQN targets (no gradient): the
+        online net picks the next action, the target net values it."""
+        not_done = 1.0 - batch["terminated"].float()
+        next_obs = batch["next_obs"]
+        with torch.no_grad():
+            next_action = masked_q(self.q(next_obs), batch.get("next_action_mask")).argmax(
+                dim=1, keepdim=True)
+            next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
+            target = batch["reward"] + self.cfg.gamma * not_done * next_q
+        q = all_q.gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+        return q, target
+
+    def _step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One gradient step on `loss` (averaged over a learner group's ranks), and the
+        target network's copy when it is due; returns the gradient norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.reducer is not None and self.reducer.world_size > 1:
             sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
         grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
         self.optimizer.step()
-
         self.train_iterations += 1
         if self.train_iterations % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())
-        td_abs = (target - q.detach()).abs()
-        return LearnOutput({"loss": loss.detach(), "q_mean": q.detach().mean(),
-                            "grad_norm": grad_norm}, td_abs)
+        return grad_norm
 
     # -- checkpoints ------------------------------------------------------------------------
 

@@ -202,7 +202,7 @@ def test_the_metric_evaluator_matches_a_hand_computation():
             "action": np.array([0, 1, 1]), "reward": np.ones(3, np.float32),
             "terminated": np.array([False, False, True]),
             "cut": np.array([False, False, True])}
-    returns = discounted_returns(data["reward"], data["cut"], data["terminated"], 0.5)
+    returns = discounted_returns(data["reward"], data["cut"], 0.5)
     np.testing.assert_allclose(returns, [1.75, 1.5, 1.0])  # 1 + .5 (1 + .5 * 1), ...
     # greedy is action 1 everywhere (2s > s): right on 2 of 3 steps
     assert score("action_accuracy", policy, data, returns, 0.5) == pytest.approx(2 / 3)
