@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-# The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`): installed on top, so `make up` stays lean.
+# The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`, `datasets`, and
+# `browser` for the dashboard's test): installed on top, so `make up` stays lean.
 $(GAMES): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser]'
 	@touch $(GAMES)
 
 install: $(STAMP)
@@ -26,10 +27,12 @@ up: $(STAMP)
 
 test: $(GAMES)
 	@bash .ci/ensure-redis
+	@bash .ci/ensure-chromium
 	$(PY) -m pytest -q
 
 test-all: $(GAMES)
 	@bash .ci/ensure-redis
+	@bash .ci/ensure-chromium
 	$(PY) -m pytest -q -m ''
 
 lint: $(STAMP)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flask import Flask
 
+from coordinator.dashboard import install_dashboard
 from coordinator.prometheus import install_metrics
 from coordinator.routes import bp
 from coordinator.service import Coordinator
@@ -25,8 +26,9 @@ def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = No
     coordinator = Coordinator(cfg, storage_url, run_dir, resume=resume)
     app.extensions["rlfleet"] = coordinator
     app.register_blueprint(bp)
+    static = install_dashboard(app)
     install_metrics(app, coordinator)  # first: its timer also sees the requests refused below
-    if not install_token_guard(app, load_token()):
+    if not install_token_guard(app, load_token(), static=static):
         log.warning("no API token (%s or %s): every endpoint is open to anyone who can reach "
                     "this port", TOKEN_ENV, TOKEN_FILE_ENV)
     if start:

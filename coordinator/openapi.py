@@ -83,15 +83,19 @@ BODY_ERRORS = (400, 413)  # what any route that reads a body can answer
 
 def document(ok: type[BaseModel], *, body: type[BaseModel] | None = None,
              errors: Iterable[int] = (), status: int = 200, public: bool = False,
-             path_params: dict[str, str] | None = None) -> Callable:
+             path_params: dict[str, str] | None = None,
+             query: type[BaseModel] | None = None) -> Callable:
     """Describe a route: it answers `ok` with `status`, reads `body` (when given), and may
-    answer `errors` (plus 400 and 413 with a body, and 401 unless `public`). Only marks the
-    function: spectree reads the marks when the document is first asked for."""
+    answer `errors` (plus 400 and 413 with a body, 400 with a `query`, and 401 unless
+    `public`). Only marks the function: spectree reads the marks when the document is first
+    asked for."""
     codes = set(errors) | (set(BODY_ERRORS) if body is not None else set())
+    if query is not None:
+        codes.add(400)
     if not public:
         codes.add(401)
     described = {"ok": ok, "body": body, "codes": codes, "status": status, "public": public,
-                 "path_params": path_params}
+                 "path_params": path_params, "query": query}
 
     def mark(func: Callable) -> Callable:
         setattr(func, _DOC_ATTR, described)
@@ -110,7 +114,7 @@ def _describe(spec, func: Callable) -> Callable:
     resp = Response(**{f"HTTP_{status}": d["ok"]},
                     **{f"HTTP_{code}": (ErrorBody, ERROR_REASONS[code]) for code in codes})
     return spec.validate(
-        json=d["body"], resp=resp, skip_validation=True,
+        json=d["body"], query=d["query"], resp=resp, skip_validation=True,
         path_parameter_descriptions=d["path_params"], security={} if d["public"] else None,
         # spectree adds its validation-error model under this status; point it at one the
         # operation documents anyway (as `ErrorBody`), so it adds no status that cannot occur.

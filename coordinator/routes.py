@@ -35,6 +35,8 @@ from shared.schemas import (
     LeagueView,
     LearnInfo,
     LearnInfoResponse,
+    RecordsPage,
+    RecordsQuery,
     RegisterRequest,
     RegisterResponse,
     RunState,
@@ -50,7 +52,7 @@ from shared.schemas import (
     WorkerList,
 )
 from shared.storage import StorageError
-from shared.webapp import BadRequest, error, parse_body
+from shared.webapp import BadRequest, error, parse_body, parse_query
 
 bp = Blueprint("coordinator", __name__)
 
@@ -124,6 +126,16 @@ def health():
 @document(Status)
 def status():
     return jsonify(coord().status())
+
+
+@bp.get(f"{API}/records")
+@document(RecordsPage, query=RecordsQuery)
+def records():
+    """The run's log records written since the cursor `after` (the `next` of the previous
+    answer), oldest first: what a live page polls to extend its curves."""
+    q = parse_query(RecordsQuery)
+    page = coord().runlog.feed.since(q.after, q.scopes(), q.limit)
+    return jsonify(page)
 
 
 @bp.get(f"{API}/league")

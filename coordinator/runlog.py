@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.records import RecordFeed
 from shared.config import RunConfig
+from shared.rundata import JSONL_NAME
 from shared.schemas import ChunkMeta, EvaluationResult, LearnInfo
 
 log = logging.getLogger("rlfleet.coordinator")
@@ -61,12 +63,18 @@ class RunLog:
         # its records are stepped by train iterations instead, which do advance.
         self.offline = not cfg.receiving_buffers
         self._iterations = 0
+        self.feed = RecordFeed()  # the records again, for the dashboard's live curves
         if run_dir is None:
             return
         from shared.logger import RunLogger  # tensorboard is a heavy import: only with a run
 
         self.logger = RunLogger(Path(run_dir), cfg.logging, cfg.name,
                                 cfg.model_dump(mode="json"), resume_step=resume_step)
+        if resume_step is not None and cfg.logging.jsonl:
+            # The records the resumed run kept (the logger has just cut metrics.jsonl back
+            # to the snapshot): the page draws the curve from the start, not from the crash.
+            self.feed.seed(Path(run_dir) / JSONL_NAME)
+        self.logger.add_writer(self.feed)
 
     def _log(self, scope: str, step: int, scalars: Mapping[str, Any],
              force: bool = False) -> bool:

@@ -316,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--max-wall-s", type=float, default=None)
     u.add_argument("--max-env-steps", type=int, default=None)
     u.add_argument("--quiet", action="store_true", help="no live progress line")
+    u.add_argument("--port", type=int, default=None, help="the coordinator's port on "
+                   "127.0.0.1, where the dashboard is (default: a free one, printed at start)")
     u.add_argument("--collector-nice", type=int, default=5,
                    help="scheduling niceness of collector processes: on a small machine the "
                    "learner is the critical path, so collectors yield the CPU to it")
@@ -330,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-wall-s", type=float, default=None)
     r.add_argument("--max-env-steps", type=int, default=None)
     r.add_argument("--quiet", action="store_true", help="no live progress line")
+    r.add_argument("--port", type=int, default=None, help="the coordinator's port on "
+                   "127.0.0.1, where the dashboard is (default: a free one, printed at start)")
     r.add_argument("--collector-nice", type=int, default=5)
     _supervision_options(r)
     r.set_defaults(func=cmd_resume)

@@ -181,11 +181,12 @@ class LocalCluster:
         return ["--config", str(self.config_path), "--run-dir", str(self.run_dir),
                 "--storage", self.storage, *(["--resume"] if resume else [])]
 
-    def start_coordinator(self, timeout_s: float = 60.0, wait: bool = True) -> Child:
-        """Start the coordinator; with `wait`, return once it answers `/health`. Workers
-        need not wait for it (they register once it answers): `up` starts them meanwhile
-        and calls `wait_coordinator` after."""
-        port = free_port()
+    def start_coordinator(self, timeout_s: float = 60.0, wait: bool = True,
+                          port: int | None = None) -> Child:
+        """Start the coordinator (on `port`, or a free one); with `wait`, return once it
+        answers `/health`. Workers need not wait for it (they register once it answers):
+        `up` starts them meanwhile and calls `wait_coordinator` after."""
+        port = port or free_port()
         self.coordinator = self._spawn("coordinator", "coordinator",
                                        self._coordinator_args(self.resume), port)
         if wait:
@@ -566,7 +567,7 @@ def up(args) -> int:
     first_chunk: FirstChunk | None = None if resume else FirstChunk(launched)
     try:
         # Everything at once: workers register as soon as the coordinator answers.
-        cluster.start_coordinator(wait=False)
+        cluster.start_coordinator(wait=False, port=args.port)
         for _ in range(args.learners):
             cluster.add_learner()
         for _ in range(args.collectors):
@@ -578,6 +579,8 @@ def up(args) -> int:
         cluster.fork = False
         cluster.wait_coordinator()
         startup["coordinator_answered"] = time.monotonic() - launched
+        console.print(f"dashboard: {cluster.coordinator.url}/  (status: rlfleet status "
+                      f"--coordinator {cluster.coordinator.url})", soft_wrap=True)
         if resume and args.collectors_given:
             _wish_collectors(cluster.coordinator.url, args.collectors)
         poller = StatusPoller(cluster.coordinator.url, console.print)

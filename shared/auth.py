@@ -77,9 +77,14 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def install_token_guard(app: Flask, token: str | None) -> bool:
+def install_token_guard(app: Flask, token: str | None,
+                        static: tuple[str, ...] = ()) -> bool:
     """Require `Authorization: Bearer <token>` on every request to `app` but `GET /health`.
     Does nothing when `token` is None. Returns whether a guard was installed.
+
+    `static`: path prefixes (a trailing `/`) or exact paths that GET and HEAD reach without
+    the token: the dashboard's page and its scripts, which hold no data of the run (the page
+    asks for the token, then sends it with each API call it makes).
 
     Install it after any hook that only observes requests (the Prometheus timer), so refused
     requests are still counted; the guard itself must come before anything that reads bodies
@@ -91,9 +96,15 @@ def install_token_guard(app: Flask, token: str | None) -> bool:
         return False
     expected = token.encode("ascii")
 
+    def _static(path: str) -> bool:
+        return any(path == p or (p.endswith("/") and p != "/" and path.startswith(p))
+                   for p in static)
+
     @app.before_request
     def _require_token():
         if (request.method, request.path) in OPEN:
+            return None
+        if request.method in ("GET", "HEAD") and _static(request.path):
             return None
         presented = _bearer(request.headers.get("Authorization"))
         if presented is None:

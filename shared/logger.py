@@ -123,6 +123,12 @@ class RunLogger:
             self._last_step[scope] = step
             return True
 
+    def add_writer(self, writer: MetricWriter) -> None:
+        """One more destination for every record from now on (the coordinator's feed for
+        live pages, added once it holds the history a resumed run kept)."""
+        with self._lock:
+            self._writers.append(writer)
+
     def last_step(self, scope: str) -> int | None:
         """The step of the scope's last written record (None before the first)."""
         return self._last_step.get(scope)

@@ -93,13 +93,33 @@ def parse_body(model: type[T]) -> T:
     try:
         return model.model_validate_json(data)
     except ValidationError as err:
-        errors = err.errors(include_url=False, include_context=False, include_input=False)
-        first = errors[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
-        if first["type"] == "json_invalid":
-            raise BadRequest(f"body is not valid JSON: {first['msg']}") from None
-        message = f"{field}: {first['msg']}" if field else first["msg"]
-        raise BadRequest(message, field, errors) from None
+        raise _invalid(err) from None
+
+
+def _invalid(err: ValidationError) -> BadRequest:
+    """The first of pydantic's errors, naming its field."""
+    errors = err.errors(include_url=False, include_context=False, include_input=False)
+    first = errors[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    if first["type"] == "json_invalid":
+        return BadRequest(f"body is not valid JSON: {first['msg']}")
+    message = f"{field}: {first['msg']}" if field else first["msg"]
+    return BadRequest(message, field, errors)
+
+
+def parse_query(model: type[T]) -> T:
+    """Validate the query string as `model` (unknown or repeated parameters are errors: a
+    misspelt `?afer=` must not silently answer from the start)."""
+    from flask import request
+
+    args = request.args
+    for key in args:
+        if len(args.getlist(key)) > 1:
+            raise BadRequest(f"{key}: give the parameter once", key)
+    try:
+        return model.model_validate(args.to_dict(flat=True))
+    except ValidationError as err:
+        raise _invalid(err) from None
 
 
 def install_error_handlers(app: Flask) -> None:

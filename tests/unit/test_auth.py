@@ -124,13 +124,14 @@ def test_body_limit_setting(monkeypatch: pytest.MonkeyPatch):
 
 def coordinator_routes(tmp_path: Path) -> list[tuple[str, str, list[str]]]:
     """(method, rule, argument names) of every route of a coordinator app built here, but
-    `/health`; HEAD and OPTIONS ride along with the GET/POST/DELETE they belong to."""
+    `/health` and the dashboard's static files (tested below: they hold no data of the run);
+    HEAD and OPTIONS ride along with the GET/POST/DELETE they belong to."""
     app = create_app(parse_config(make_config()), str(tmp_path / "storage"), tmp_path / "run",
                      start=False)
     routes = []
     for rule in app.url_map.iter_rules():
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            if rule.rule != "/health":
+            if rule.rule != "/health" and not rule.endpoint.startswith("dashboard."):
                 routes.append((method, rule.rule, sorted(rule.arguments)))
     app.extensions["rlfleet"].close()
     return routes
@@ -245,6 +246,28 @@ def test_health_is_open_and_the_right_token_works(guarded):
     hb = ok(authed(c, "POST", f"/workers/{extra['worker_id']}/heartbeat", {"status": {}}))
     assert hb["stop"] is False
     ok(authed(c, "DELETE", f"/workers/{extra['worker_id']}"))
+
+
+def test_the_dashboard_page_is_open_but_its_data_is_not(guarded):
+    """The page and its scripts load without the token (the page then asks for it); what
+    they read, and any path that only looks like a static one, is guarded."""
+    c = guarded["c"]
+    for path in ("/", "/dashboard/dashboard.js", "/dashboard/dashboard.css",
+                 "/dashboard/vendor/uplot/uPlot.iife.min.js",
+                 "/dashboard/vendor/uplot/LICENSE"):
+        r = HTTP.get(f"{c.url}{path}", timeout=TIMEOUT)
+        assert r.status_code == 200, path
+        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"], path
+        assert TOKEN not in r.text
+    for method, path in (("POST", "/"), ("GET", "/api/v1/records"), ("GET", "/dashboardx"),
+                         ("POST", "/dashboard/dashboard.js")):
+        r = HTTP.request(method, f"{c.url}{path}", timeout=TIMEOUT)
+        assert r.status_code == 401, f"{method} {path}: {r.status_code}"
+    # Paths that climb out of the static directory reach no view but the static one.
+    for path in ("/dashboard/../api/v1/status", "/dashboard/%2e%2e/api/v1/status",
+                 "/dashboard/..%2fapi/v1/status"):
+        r = requests.get(f"{c.url}{path}", timeout=TIMEOUT)
+        assert r.status_code in (401, 404) and "counters" not in r.text, path
 
 
 def test_a_refused_request_is_answered_before_its_body_is_read(guarded):
