@@ -169,7 +169,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from services.export import export_run
 
     done = export_run(args.run_dir, args.out, args.dataset_id, args.source, args.min_return,
-                      args.max_return, args.limit, args.episodes)
+                      args.max_return, args.limit, args.episodes, args.greedy)
     print(f"exported {done.episodes} episodes ({done.steps} steps, mean return "
           f"{done.mean_return:.1f}) from {done.source} as {done.dataset_id} to {done.path}")
     print(f"read it with: MINARI_DATASETS_PATH={Path(args.out).resolve()} python -c "
@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "or episodes played by the run's best policy")
     ex.add_argument("--episodes", type=int, default=20,
                     help="--source policy: episodes to play")
+    ex.add_argument("--greedy", action="store_true",
+                    help="--source policy: act as evaluated (deterministic actions) instead of "
+                    "as when collecting (DQN: epsilon at its final value)")
     ex.add_argument("--min-return", type=float, default=None,
                     help="keep only episodes that scored at least this")
     ex.add_argument("--max-return", type=float, default=None,

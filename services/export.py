@@ -8,9 +8,9 @@ Two sources:
   that ends done and starts right after another episode's end (or, for chunks cut by
   episodes, every run).
 - `policy`: episodes played now by the run's best-evaluated policy (`best_policy` in the run
-  directory), acting as it did when collecting (DQN: epsilon at its final value): the expert
-  dataset of a solved run, as many episodes as asked, where a run that stopped on solving
-  collected only a few at its end.
+  directory), acting as it did when collecting (DQN: epsilon at its final value), or with
+  `--greedy` as it is evaluated deterministically: the expert dataset of a solved run, as
+  many episodes as asked, where a run that stopped on solving collected only a few at its end.
 `auto` takes `saved` when the run has it. `--min-return` and `--max-return` keep the episodes
 that scored within them, and `--limit N` the first N of those: an expert dataset from a run
 that learned along the way, or its first, random episodes (`minari.combine_datasets` joins
@@ -75,7 +75,24 @@ def snapshot_episodes(cfg: RunConfig, run_dir: Path) -> Iterator[dict[str, np.nd
         storage.close()
 
 
-def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int
+class _Greedy:
+    """A policy that acts as it is evaluated (its deterministic action), keeping whatever
+    else a rollout stores beside each action (`extras`) and asks of it (`bootstrap`, ...)."""
+
+    def __init__(self, policy) -> None:
+        self._policy = policy
+
+    def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None):
+        from shared.algos.base import ActOutput
+
+        extras = self._policy.act(obs, env_step, mask).extras
+        return ActOutput(np.asarray(self._policy.act_eval(obs, True, mask)), extras)
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+
+def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False
                     ) -> Iterator[dict[str, np.ndarray]]:
     import torch
 
@@ -94,7 +111,8 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int
     policy.load_policy(int(meta.get("policy_version", 0)), state)
     envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
     try:
-        rollout = Rollout(envs, policy, mode="episodes", episodes_per_chunk=1)
+        rollout = Rollout(envs, _Greedy(policy) if greedy else policy, mode="episodes",
+                          episodes_per_chunk=1)
         for _ in range(episodes):
             yield from _runs(rollout.collect(2**62).arrays, True)
     finally:
@@ -104,7 +122,7 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int
 def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = None,
                source: str = "auto", min_return: float | None = None,
                max_return: float | None = None, limit: int | None = None,
-               episodes: int = 20) -> Exported:
+               episodes: int = 20, greedy: bool = False) -> Exported:
     from shared.envs import make_vector_env
 
     run_dir = Path(run_dir)
@@ -128,7 +146,7 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
     elif source == "snapshot":
         eps = snapshot_episodes(cfg, run_dir)
     elif source == "policy":
-        eps = policy_episodes(cfg, run_dir, episodes)
+        eps = policy_episodes(cfg, run_dir, episodes, greedy)
     else:
         raise ConfigError(f"--source={source!r}: one of auto, saved, snapshot, policy")
     returns: list[float] = []
