@@ -28,7 +28,7 @@ up: $(STAMP)
 test: $(GAMES)
 	@bash .ci/ensure-redis
 	@bash .ci/ensure-chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs --durations=15
 
 test-all: $(GAMES)
 	@bash .ci/ensure-redis

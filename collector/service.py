@@ -83,6 +83,15 @@ def random_warmup_steps(cfg: RunConfig) -> int:
     return min(b.rate_limit.min_size for b in cfg.buffers.values())
 
 
+class EvaluationCrashed(Exception):
+    """An evaluation raised (a user env failing in `step()`, say): the evaluation's task is
+    what failed, and the crash is reported as one, not as the collect task's."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"evaluation {task_id} crashed")
+        self.task_id = task_id
+
+
 class RandomPolicy:
     """Uniform random actions, as no published policy (version -1): what a DQN collector
     acts with while torch loads (`random_warmup_steps`). Only `act` and `bootstrap` are ever
@@ -252,11 +261,17 @@ class CollectorService(WorkerService):
             if self.task:
                 self.agent.end_task(self.task.task_id)
         except Exception as err:  # reported to the coordinator, then the process stops
-            log.exception("collector loop crashed")
+            where = "collection"
+            if isinstance(err, EvaluationCrashed):  # the evaluation's task is what failed
+                where, err = f"evaluation {err.task_id}", err.__cause__ or err
+            log.error("collector crashed in %s", where, exc_info=err)
             self.error = f"{type(err).__name__}: {err}"
+            if where != "collection":
+                self.agent.end_task(where.split(" ", 1)[1], f"evaluation crashed: {self.error}")
             if self.task:
-                self.agent.end_task(self.task.task_id, self.error)
-            self.fail()
+                self.agent.end_task(self.task.task_id, f"collector crashed in {where}: "
+                                    f"{self.error}" if where != "collection" else self.error)
+            self.fail(err, where)
 
     def _config(self) -> RunConfig | None:
         """The run's config. The loop starts on a pushed task, which can come before the
@@ -339,12 +354,15 @@ class CollectorService(WorkerService):
                                       task.episodes_per_chunk)
                 while weights is not None and not self._evals.empty():
                     task = self._evals.get_nowait()
-                    if pool is not None:
-                        self._evaluate_battles(cfg, task, policy, weights, pool, storage)
-                        continue
-                    if eval_envs is None or eval_envs.num_envs != task.num_envs:
-                        eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
-                    self._evaluate(task, eval_envs, policy, weights, storage)
+                    try:
+                        if pool is not None:
+                            self._evaluate_battles(cfg, task, policy, weights, pool, storage)
+                            continue
+                        if eval_envs is None or eval_envs.num_envs != task.num_envs:
+                            eval_envs = make_vector_env(cfg.env, task.num_envs, task.seed)
+                        self._evaluate(task, eval_envs, policy, weights, storage)
+                    except Exception as err:
+                        raise EvaluationCrashed(task.task_id) from err
                 if evaluate_only:
                     self._closing.wait(0.05)
                     continue

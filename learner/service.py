@@ -113,7 +113,7 @@ class LearnerService(WorkerService):
             self.error = f"{type(err).__name__}: {err}"
             if self.task:
                 self.agent.end_task(self.task.task_id, self.error)
-            self.fail()
+            self.fail(err, "training")
 
     @property
     def policy_version(self) -> int:

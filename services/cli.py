@@ -435,7 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"rlfleet {args.command}: {err}", file=sys.stderr)
+        _record_crash(err, args.command)
         return 2
+    except Exception as err:
+        _record_crash(err, args.command)
+        raise
+
+
+def _record_crash(err: BaseException, command: str) -> None:
+    """A role that dies of an error says why to its supervisor (`shared/crash.py`)."""
+    from shared.crash import write_crash
+
+    write_crash(err, command, "start-up")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import yaml
 from services.cli import free_port
 from services.forking import ForkedChild, can_fork, fork_role, preload
 from shared.config import ConfigError, RunConfig, load_config
+from shared.crash import CRASH_FILE_ENV, read_crash, signature
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
 
@@ -47,6 +48,8 @@ _PR_SET_PDEATHSIG = 1
 # Restart back-off per child: the first restart waits this long, each next one twice as long.
 RESTART_DELAY_S = 0.5
 MAX_RESTART_DELAY_S = 8.0
+# The same error (where, type, message) this many times, from any child: the run ends.
+SAME_CRASH_LIMIT = 3
 
 
 def _child_setup(nice: int) -> None:
@@ -95,6 +98,17 @@ class Child:
         except OSError:
             return "(no log)"
 
+    @property
+    def crash_path(self) -> Path:
+        return self.log_path.with_name(f"{self.name}.crash.json")
+
+    def crash(self) -> dict | None:
+        """The error this child died of, as it recorded it (`shared/crash.py`); None while
+        it runs, after a clean exit, or when it was killed before it could say."""
+        if self.proc.poll() in (None, 0):
+            return None
+        return read_crash(self.crash_path)
+
     def exit_text(self) -> str:
         return f"{self.name} (pid {self.proc.pid}) exited with code {self.proc.returncode}"
 
@@ -114,10 +128,25 @@ class Restart:
 class RestartsExhausted(ChildFailed):
     """A child exited once more than `--max-restarts` allows: the run ends as crashed."""
 
-    def __init__(self, child: Child, restarts: int) -> None:
+    def __init__(self, child: Child, restarts: int, why: str = "") -> None:
         self.child = child
+        self.crash = child.crash()  # the error it died of, when it recorded one
         after = f" after {restarts} restarts" if restarts else ""
-        super().__init__(f"{child.exit_text()}{after}")
+        super().__init__(f"{child.exit_text()}{_reason(self.crash)}{after}{why}")
+
+
+class SameCrash(RestartsExhausted):
+    """The same error came back `SAME_CRASH_LIMIT` times (an env that always raises): no
+    number of restarts will mend it, so the run ends at once instead of after all of them."""
+
+    def __init__(self, child: Child, restarts: int, times: int) -> None:
+        super().__init__(child, restarts, f": the same error {times} times, giving up")
+
+
+def _reason(crash: dict | None) -> str:
+    if not crash:
+        return ""
+    return f" in {crash.get('where')}: {crash.get('error')}"
 
 
 def restart_delay(restarts: int) -> float:
@@ -138,6 +167,7 @@ class LocalCluster:
         self.max_restarts = max_restarts
         self.restarts: Counter[str] = Counter()  # by child name
         self._restart_due: dict[str, float] = {}  # name -> when its pending restart may run
+        self._crashes: Counter[tuple[str, str, str]] = Counter()  # recorded errors, by kind
         self.stopping = False  # shutting down, or the run is over: no more restarts
         self.config_path = config_path
         self.run_dir = run_dir
@@ -156,19 +186,23 @@ class LocalCluster:
         """Start one process; its output goes to <run-dir>/logs/<name>.log (appended, so a
         restarted child continues the same log)."""
         log_path = self.log_dir / f"{name}.log"
+        # Where it records the error it dies of; an older one is of a process now gone.
+        crash_path = self.log_dir / f"{name}.crash.json"
+        crash_path.unlink(missing_ok=True)
+        env = {**self.env, CRASH_FILE_ENV: str(crash_path)}
         # The port and the worker id first: a forked child's title (its command line in
         # `ps`) is cut to the launcher's length, and these name it.
         argv = [role, "--port", str(port), *args]
         setup = functools.partial(_child_setup, nice)
         if self.fork and can_fork():
             preload(role)
-            return Child(name, role, fork_role(argv, log_path, self.env, setup), log_path, port,
+            return Child(name, role, fork_role(argv, log_path, env, setup), log_path, port,
                          args, nice)
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         # No stdin: a child is in the terminal's session, in a background process group.
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", *argv],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=self.env, preexec_fn=setup, cwd=os.getcwd())
+                                env=env, preexec_fn=setup, cwd=os.getcwd())
         log.close()
         return Child(name, role, proc, log_path, port, args, nice)
 
@@ -266,6 +300,13 @@ class LocalCluster:
         now = time.monotonic() if now is None else now
         done = []
         for child in self.exited():
+            if child.name not in self._restart_due:  # first seen exited: count its error
+                crash = child.crash()
+                if crash is not None:
+                    self._crashes[signature(crash)] += 1
+                    if self._crashes[signature(crash)] >= SAME_CRASH_LIMIT:
+                        raise SameCrash(child, self.restarts[child.name],
+                                        self._crashes[signature(crash)])
             if self.restarts[child.name] >= self.max_restarts:
                 raise RestartsExhausted(child, self.restarts[child.name])
             due = self._restart_due.setdefault(
@@ -282,7 +323,7 @@ class LocalCluster:
         self.restarts[old.name] += 1
         self._restart_due.pop(old.name, None)
         attempt = self.restarts[old.name]
-        exited = old.exit_text()
+        exited = old.exit_text() + _reason(old.crash())
         with open(old.log_path, "a") as log:
             log.write(f"--- rlfleet up: {exited}: restarting ({attempt}/{self.max_restarts}) "
                       "---\n")
@@ -536,10 +577,13 @@ def _wish_collectors(url: str, n: int) -> None:
 def up(args) -> int:
     from rich.console import Console
     from rich.live import Live
+    from rich.markup import escape
     from rich.text import Text
 
     launched = time.monotonic() - process_age_s()  # this process's start, on our clock
-    console = Console(stderr=True)
+    # soft_wrap: lines are not cut at the console's width (80 columns when stderr is a file
+    # or a pipe), so paths and tracebacks stay whole in logs.
+    console = Console(stderr=True, soft_wrap=True)
     resume = getattr(args, "resume", False)
     config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
     # Where start-up time goes, from the launch (`summary.json`: `startup_s`).
@@ -550,6 +594,7 @@ def up(args) -> int:
     status: dict | None = None
     poller: StatusPoller | None = None
     outcome, code, error = "stopped", 3, None
+    crash: dict | None = None  # the error a child died of, when that ended the run
 
     interrupted = False
 
@@ -617,11 +662,15 @@ def up(args) -> int:
                 time.sleep(0.25)
     except RestartsExhausted as err:
         outcome, code, error = "crashed", 1, str(err)
-        console.print(f"[red]{error}[/] (--max-restarts {cluster.max_restarts}); last lines "
-                      f"of {err.child.log_path}:\n{err.child.tail()}")
+        if err.crash is not None:
+            crash = {"child": err.child.name, "exit_code": err.child.proc.returncode,
+                     **err.crash}
+        limit = "" if isinstance(err, SameCrash) else f" (--max-restarts {cluster.max_restarts})"
+        console.print(f"[red]{escape(error)}[/]{limit}; last lines of {err.child.log_path}:\n"
+                      f"{escape(err.child.tail())}")
     except ChildFailed as err:
         outcome, code, error = "crashed", 1, str(err)
-        console.print(f"[red]{err}[/]")
+        console.print(f"[red]{escape(error)}[/]")
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -638,6 +687,7 @@ def up(args) -> int:
         cluster.shutdown()
     summary = _summary(status, outcome, error, time.monotonic() - started, args, storage,
                        run_dir, cfg, dict(cluster.restarts))
+    summary["crash"] = crash
     summary["first_chunk_s_from_launch"] = (
         round(first_chunk.seconds, 3) if first_chunk and first_chunk.seconds is not None
         else None)
@@ -737,7 +787,7 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "learners": getattr(args, "learners", 1),
         "learner_group": s.get("learner_group"),
         "restarts": restarts or {},  # by child name: how often the launcher restarted it
-        "seed": args.seed,
+        "seed": args.seed if args.seed is not None else (cfg or {}).get("seed"),
         "storage": storage,
         "config": str(args.config),
         "algo": (cfg or {}).get("algo", {}).get("name"),

@@ -22,6 +22,7 @@ from flask import Flask, current_app, jsonify
 
 from shared.auth import install_token_guard, load_token
 from shared.config import RunConfig, parse_config
+from shared.crash import describe, write_crash
 from shared.http import HttpClient, HttpError
 from shared.schemas import (
     API,
@@ -212,11 +213,15 @@ class WorkerService(ABC):
         self.agent.start()
         return self
 
-    def fail(self) -> None:
-        """The role's loop died: stop the whole process (`services/serve.py`) so the launcher
-        or the orchestrator sees the crash, rather than a process that answers /health but
-        does no work."""
-        log.error("%s is stopping after a fatal error", self.role.value)
+    def fail(self, err: BaseException | None = None, where: str = "") -> None:
+        """The role's loop died (of `err`, in `where`): record why for the supervisor
+        (`shared/crash.py`) and stop the whole process (`services/serve.py`), which exits 1,
+        so the launcher or the orchestrator sees the crash, rather than a process that
+        answers /health but does no work."""
+        if err is not None:
+            write_crash(err, self.role.value, where or self.role.value, self.agent.worker_id)
+        log.error("%s is stopping after a fatal error%s", self.role.value,
+                  f" in {where}: {describe(err)}" if err is not None else "")
         if self.on_fatal is not None:
             self.on_fatal()
 

@@ -4,6 +4,7 @@ user would make their package importable on every worker."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -124,3 +125,32 @@ class SlowCartPole(gym.Wrapper):
     def step(self, action):
         time.sleep(self.step_s)
         return self.env.step(action)
+
+
+class CrashingCartPole(gym.Wrapper):
+    """CartPole whose `step()` raises after `after_steps` steps of this instance (0: at
+    once). `in_eval_only`: only while an evaluation steps it (`collector.rollout.evaluate` is
+    on the stack), so collection goes on and the evaluation crashes."""
+
+    def __init__(self, after_steps: int = 0, message: str = "the simulator lost its licence",
+                 in_eval_only: bool = False) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.after_steps = after_steps
+        self.message = message
+        self.in_eval_only = in_eval_only
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > self.after_steps and (not self.in_eval_only or _evaluating()):
+            raise RuntimeError(self.message)
+        return self.env.step(action)
+
+
+def _evaluating() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "evaluate" and "rollout" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
