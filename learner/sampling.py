@@ -28,7 +28,14 @@ from learner.arena import ChunkArena
 from shared.codec import CodecError, decode_arrays
 from shared.http import HttpClient, HttpError
 from shared.sample_wire import MEDIA_TYPE, decode_sample
-from shared.schemas import API, MixShare, SampleRequest, SampleResponse
+from shared.schemas import (
+    API,
+    MAX_SAMPLE_ITEMS,
+    MixShare,
+    SampleRequest,
+    SampleResponse,
+    sample_items,
+)
 from shared.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
@@ -101,8 +108,11 @@ class SampleLoop:
         return True
 
     def run(self) -> None:
+        # Fewer batches a request where big batches would pass the coordinator's cap.
+        per_batch = sample_items(self.batch_size, 1, self.by_buffer)
+        num_batches = max(1, min(self.batches_per_request, MAX_SAMPLE_ITEMS // per_batch))
         req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
-                            num_batches=self.batches_per_request, wait_s=1.0, mix=self.mix,
+                            num_batches=num_batches, wait_s=1.0, mix=self.mix,
                             by_buffer=self.by_buffer)
         grouped = self.group_generation is not None
         while not self._closing.is_set() and not self.group_ended.is_set():

@@ -24,6 +24,7 @@ body limit of every service (`shared/webapp.py`). `rlfleet up` passes both to it
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -158,8 +159,22 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    """Continue a run that stopped before it was done. A run that ended solved is finished:
+    training it again only risks the policy it found (an evaluation fell from 500 to 125
+    once), so that takes `--continue`."""
     from services.launcher import up
 
+    summary = Path(args.run_dir) / "summary.json"
+    try:
+        before = json.loads(summary.read_text()) if summary.is_file() else {}
+    except ValueError:
+        before = {}
+    if before.get("outcome") == "solved" and not args.continue_run:
+        print(f"rlfleet resume: {args.run_dir} is finished: it was solved (evaluation return "
+              f"{before.get('eval_return')} at {before.get('env_steps')} env steps; best "
+              f"policy in {before.get('best_policy')}). Nothing to do; --continue trains it "
+              "further.")
+        return 0
     args.resume = True
     return up(args)
 
@@ -335,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--port", type=int, default=None, help="the coordinator's port on "
                    "127.0.0.1, where the dashboard is (default: a free one, printed at start)")
     r.add_argument("--collector-nice", type=int, default=5)
+    r.add_argument("--continue", dest="continue_run", action="store_true",
+                   help="train a run that already ended solved further (otherwise resume "
+                   "says it is finished and exits 0)")
     _supervision_options(r)
     r.set_defaults(func=cmd_resume)
 

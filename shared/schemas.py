@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 API = "/api/v1"
 
@@ -292,6 +292,18 @@ class MixShare(Request):
     fraction: float = Field(gt=0, le=1)
 
 
+# Items (batch rows) one sample request may ask for, all batches together: an answer holds
+# three int64 arrays per item (and their JSON lists), so one request cannot take the
+# coordinator's memory (1024 x 65,536 items would be 1.6 GB of arrays alone).
+MAX_SAMPLE_ITEMS = 262_144
+
+
+def sample_items(batch_size: int, num_batches: int, by_buffer: dict[str, int] | None) -> int:
+    """The items a request asks for: its batches times their size (by_buffer: their sum)."""
+    per_batch = sum(by_buffer.values()) if by_buffer else batch_size
+    return per_batch * num_batches
+
+
 class SampleRequest(Request):
     worker_id: Id
     batch_size: int = Field(ge=1, le=65_536, description="items per batch (with `mix`)")
@@ -309,6 +321,27 @@ class SampleRequest(Request):
     group_cursor: int | None = Field(None, ge=0, le=MAX_COUNT, description="with "
                                      "group_generation: the sequence number of the first "
                                      "group batch (or rollout) wanted; earlier ones are done")
+
+    @field_validator("num_batches")
+    @classmethod
+    def _items_capped(cls, num_batches: int, info: ValidationInfo) -> int:
+        batch_size = info.data.get("batch_size")
+        if batch_size is not None and batch_size * num_batches > MAX_SAMPLE_ITEMS:
+            raise ValueError(f"{num_batches} batches of {batch_size} items is "
+                             f"{batch_size * num_batches} items; one request may ask for at "
+                             f"most {MAX_SAMPLE_ITEMS}")
+        return num_batches
+
+    @field_validator("by_buffer")
+    @classmethod
+    def _buffer_items_capped(cls, by_buffer: dict[str, int] | None,
+                             info: ValidationInfo) -> dict[str, int] | None:
+        num_batches = info.data.get("num_batches")
+        if by_buffer and num_batches is not None and \
+                sample_items(0, num_batches, by_buffer) > MAX_SAMPLE_ITEMS:
+            raise ValueError(f"{num_batches} x {sum(by_buffer.values())} items is more than "
+                             f"one request may ask for ({MAX_SAMPLE_ITEMS})")
+        return by_buffer
 
     @model_validator(mode="after")
     def _one_mode(self) -> SampleRequest:

@@ -124,3 +124,23 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
     for series in ("eval/deterministic/return_mean", "collect/return_mean",
                    "timers/learner/update_ms", "timers/collector/env_step_ms"):
         assert series in plotted.stdout
+
+
+def test_resuming_a_solved_run_says_it_is_finished(tmp_path):
+    """A run that ended solved is not trained again by `rlfleet resume` (that only risked the
+    policy it found); `--continue` is how to ask for more."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"outcome": "solved", "solved": True, "eval_return": 500.0, "env_steps": 31000,
+               "best_policy": str(run_dir / "best_policy.safetensors")}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    done = subprocess.run([sys.executable, "-m", "services.cli", "resume", str(run_dir)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "is finished: it was solved" in done.stdout and "--continue" in done.stdout
+    assert json.loads((run_dir / "summary.json").read_text()) == summary  # nothing ran
+    assert not (run_dir / "logs").exists()
+    # --continue goes on to resume: this directory has no config, which it says.
+    more = subprocess.run([sys.executable, "-m", "services.cli", "resume", str(run_dir),
+                           "--continue"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert more.returncode == 2 and "has no config.yaml" in more.stderr
