@@ -175,7 +175,7 @@ class EvaluationSchedule:
                 or result.return_mean > self.best_evaluation.return_mean):
             self.best_evaluation = result
             self._keep_best_policy(result)
-        self._forget_evaluated(result.task_id)
+        self.forget_evaluated(result.task_id)
         log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s",
                  result.policy_version, result.env_steps, result.return_mean,
                  result.return_std, "".join(
@@ -205,7 +205,9 @@ class EvaluationSchedule:
             tmp.write_bytes(blob)
             tmp.replace(self.run_dir / "best_policy.safetensors")
 
-    def _forget_evaluated(self, task_id: str) -> None:
+    def forget_evaluated(self, task_id: str) -> None:
+        """Delete the weights an evaluation stored: once reported, and when it failed or was
+        cut short (its report will never come, and nothing else would delete them)."""
         try:
             self.storage.delete_blob(evaluated_blob(task_id))
         except Exception:  # an orphaned blob is harmless; logged for the operator
@@ -238,5 +240,6 @@ class EvaluationSchedule:
         """An evaluation restored from a snapshot: its report would find no one, so it
         fails and a new one falls due at once."""
         self.tasks.end(rec.task_id, TaskState.FAILED, "coordinator restarted")
+        self.forget_evaluated(rec.task_id)
         self.next_eval_at = min(self.next_eval_at, env_steps)
         self.next_eval_iteration = min(self.next_eval_iteration, train_iterations)

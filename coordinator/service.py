@@ -321,7 +321,10 @@ class Coordinator:
         state = TaskState.FAILED if error else TaskState.FINISHED
         if error:
             log.warning("task %s failed on %s: %s", task_id, rec.worker_id, error)
-        return self.tasks.end(task_id, state, error)
+        ended = self.tasks.end(task_id, state, error)
+        if error and rec.kind is TaskKind.EVALUATE:  # its weights would never be reported
+            self.eval_schedule.forget_evaluated(task_id)
+        return ended
 
     def _check_task(self, task_id: str, worker_id: str, kind: TaskKind) -> TaskRecord:
         rec = self.tasks.get(task_id)

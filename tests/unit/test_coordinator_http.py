@@ -17,7 +17,7 @@ from shared.codec import decode_arrays
 from shared.config import parse_config
 from shared.http import HttpClient, HttpError
 from shared.schemas import SampleResponse
-from shared.storage import ChunkNotFound, DirectoryStorage
+from shared.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
 
 from .helpers import (
     HTTP,
@@ -692,3 +692,24 @@ def test_unknown_workers_and_tasks_are_404(quiet_cluster):
     r = HTTP.get(c.api("/tasks/collect-999"), timeout=TIMEOUT)
     assert r.status_code == 404 and r.json()["field"] == "task_id"
     assert comparable_status(c) == before
+
+
+def test_a_failed_evaluation_leaves_no_weights_behind(coordinator, task_sink):
+    """The collector stores what it evaluates as `evaluated-<task>` before it reports; an
+    evaluation that fails (its env crashed) never reports, so the coordinator deletes them."""
+    c = coordinator(**EARLY_EVAL)
+    col_sink = task_sink()
+    col = register(c, "collector", col_sink)
+    lrn = register(c, "learner", task_sink())
+    collect = col_sink.wait_task("collect")
+    wait_running(c, collect["task_id"])
+    ok(report(c, col["worker_id"], collect["task_id"], [(write_chunk(c, 256), 256)]))
+    ok(post(c, "/learn-info", {"worker_id": lrn["worker_id"], "train_iterations": 10,
+                               "policy_version": 0}))
+    ev = col_sink.wait_task("evaluate")
+    wait_running(c, ev["task_id"])
+    storage = DirectoryStorage(c.storage_dir)
+    storage.put_blob(evaluated_blob(ev["task_id"]), b"weights")
+    ok(post(c, f"/tasks/{ev['task_id']}/fail", {"worker_id": col["worker_id"],
+                                                "error": "evaluation crashed: RuntimeError"}))
+    assert storage.get_blob(evaluated_blob(ev["task_id"])) is None
