@@ -44,6 +44,7 @@ from bench.common import (  # noqa: E402
     REPO_ROOT,
     CpuWindow,
     emit,
+    exit_on_signals,
     fmt,
     free_running_data,
     log,
@@ -238,4 +239,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import emit, fmt, log, print_tables, ratio, rounded  # noqa: E402
+from bench.common import emit, exit_on_signals, fmt, log, print_tables, ratio, rounded  # noqa: E402
 from coordinator.buffers.base import ChunkInfo  # noqa: E402
 from coordinator.buffers.ring import PrioritizedBuffer  # noqa: E402
 
@@ -317,4 +317,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

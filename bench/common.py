@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -294,3 +295,25 @@ def prefill(coordinator_url: str, storage: str, namespace: str,
         client.close()
         inbox.close()
     return reported
+
+
+# -- stopping: a bench that is told to stop takes its children with it ---------------------------
+
+def die_with_parent() -> None:
+    """A `preexec_fn` for a bench's child (`rlfleet up`): the kernel sends it SIGTERM when
+    the bench dies, however it dies (SIGKILL included), and a launcher that gets SIGTERM
+    stops its own children in order. The launcher's own children are set up alike."""
+    from services.launcher import _die_with_parent
+
+    _die_with_parent()
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP (a runner's timeout, a closed terminal) end a bench as Ctrl-C does:
+    as an exception, so its `finally` blocks stop the clusters it started."""
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
+

@@ -30,7 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import REPO_ROOT, emit, fmt, log, median, print_tables, ratio, rounded  # noqa: E402
+from bench.common import (  # noqa: E402
+    REPO_ROOT,
+    emit,
+    exit_on_signals,
+    fmt,
+    log,
+    median,
+    print_tables,
+    ratio,
+    rounded,
+)
 from bench.compose_stack import Stack, ensure_engine, torch_index  # noqa: E402
 from bench.time_to_solve import CONFIGS, run_cluster  # noqa: E402
 
@@ -156,4 +166,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

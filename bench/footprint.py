@@ -37,7 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import REPO_ROOT, clear_storage, emit, fmt, is_redis, log, print_tables  # noqa: E402
+from bench.common import (  # noqa: E402
+    REPO_ROOT,
+    clear_storage,
+    die_with_parent,
+    emit,
+    exit_on_signals,
+    fmt,
+    is_redis,
+    log,
+    print_tables,
+)
 from services.forking import role_in  # noqa: E402
 
 GOAL_PSS_MB = 800.0
@@ -197,7 +207,8 @@ def run(config: Path, collectors: int, max_wall_s: float, interval_s: float,
             clear_storage(storage, run_dir.name[:64])
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "up.log", "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                preexec_fn=die_with_parent)
         sampler = Sampler(proc.pid)
         try:
             while proc.poll() is None:
@@ -311,4 +322,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

@@ -68,6 +68,7 @@ from rich.table import Table  # noqa: E402
 from bench.common import (  # noqa: E402
     REPO_ROOT,
     emit,
+    exit_on_signals,
     fmt,
     free_running_data,
     log,
@@ -550,4 +551,5 @@ def _wait(get: Callable[[], str | None], timeout_s: float, what: str) -> str:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

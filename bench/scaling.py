@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     CpuWindow,
     clear_storage,
     emit,
+    exit_on_signals,
     fmt,
     free_running_data,
     log,
@@ -292,4 +293,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

@@ -44,7 +44,9 @@ from rich.table import Table  # noqa: E402
 
 from bench.common import (  # noqa: E402
     REPO_ROOT,
+    die_with_parent,
     emit,
+    exit_on_signals,
     fmt,
     log,
     median,
@@ -128,6 +130,7 @@ def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int
            "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
            "--max-wall-s", str(wall)]  # the config's own limit is the one-process run's
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
+                          preexec_fn=die_with_parent,
                           timeout=wall + 120)
     if proc.returncode not in (0, 3):  # 3: stopped by its budget, not solved
         raise RuntimeError(f"rlfleet up failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -203,4 +206,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

@@ -47,6 +47,7 @@ from bench.common import (  # noqa: E402
     CpuWindow,
     clear_storage,
     emit,
+    exit_on_signals,
     fmt,
     free_running_data,
     is_redis,
@@ -492,4 +493,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

@@ -49,7 +49,9 @@ from rich.table import Table  # noqa: E402
 from bench.common import (  # noqa: E402
     REPO_ROOT,
     clear_storage,
+    die_with_parent,
     emit,
+    exit_on_signals,
     fmt,
     is_redis,
     log,
@@ -145,7 +147,8 @@ def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
         if is_redis(storage):  # the run's namespace is its directory's name: start empty
             clear_storage(storage, run_dir.name[:64])
     with open(run_dir / "up.log", "wb") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                               preexec_fn=die_with_parent)
     summary_path, evals_path = run_dir / "summary.json", run_dir / "evaluations.json"
     if not summary_path.exists():
         log(f"[red]seed {seed}: rlfleet up exited with {code} and no summary; see "
@@ -363,4 +366,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
     sys.exit(main())

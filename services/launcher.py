@@ -604,6 +604,7 @@ def up(args) -> int:
 
     old_int = signal.signal(signal.SIGINT, on_sigint)
     old_term = signal.signal(signal.SIGTERM, on_sigint)
+    old_hup = signal.signal(signal.SIGHUP, on_sigint)  # a closed terminal stops it in order
     if args.learners is None:
         args.learners = int(cfg["learner"].get("count", 1))
     console.print(f"[bold]rlfleet {'resume' if resume else 'up'}[/]: {cfg['env']['id']} with "
@@ -674,6 +675,7 @@ def up(args) -> int:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGHUP, old_hup)
         _save_evaluations(cluster, run_dir)
         cluster.stop_workers()
         if poller is not None:
