@@ -31,6 +31,7 @@ from shared.schemas import (
     BattleOutcome,
     EvalSummary,
     EvaluateTask,
+    EvaluationList,
     EvaluationReport,
     EvaluationResult,
     Opponent,
@@ -43,6 +44,7 @@ from shared.storage import Storage, evaluated_blob
 log = logging.getLogger("rlfleet.coordinator")
 
 EVAL_TIMEOUT_S = 120.0
+EVALUATION_WINDOW = 500  # evaluations kept in memory and in snapshots (`GET /evaluations`)
 
 
 def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
@@ -87,7 +89,10 @@ class EvaluationSchedule:
         self._push = push  # hands a task to the coordinator's commander
         self._battles = battles  # self-play: whom an evaluation plays
         self._solves = solves  # self-play: why an evaluation solves the run (its win rates)
-        self.evaluations: deque[EvaluationResult] = deque(maxlen=1000)
+        # The newest evaluations only: a week of frequent evaluations is a million results,
+        # and every snapshot copies what is kept. The whole history is in metrics.jsonl.
+        self.evaluations: deque[EvaluationResult] = deque(maxlen=EVALUATION_WINDOW)
+        self.total = 0  # evaluations reported in the whole run: the last one's `seq`
         self.best_evaluation: EvaluationResult | None = None
         self.best_policy_version: int | None = None
         self.next_eval_at = max(cfg.eval.every_env_steps or 0, cfg.eval.start_env_steps)
@@ -165,8 +170,10 @@ class EvaluationSchedule:
             env_steps=env_steps, train_iterations=train_iterations,
             episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
             length_mean=det.length_mean, wall_time=wall_time,
-            deterministic=det, stochastic=sto, battles=battle_rates(req.battles))
+            deterministic=det, stochastic=sto, battles=battle_rates(req.battles),
+            seq=self.total + 1)
         self.tasks.end(req.task_id, TaskState.FINISHED)
+        self.total += 1
         self.evaluations.append(result)
         record(result)
         # The run's result: the policy that solved it, else the best mean return so far.
@@ -205,6 +212,18 @@ class EvaluationSchedule:
             tmp.write_bytes(blob)
             tmp.replace(self.run_dir / "best_policy.safetensors")
 
+    def page(self, since: int, limit: int) -> EvaluationList:
+        """The evaluations after `since` (a `seq`), oldest first, at most `limit`; those
+        that fell out of the window are counted in `missed`."""
+        held = list(self.evaluations)  # a copy: reports append from other threads
+        oldest = held[0].seq if held else self.total + 1
+        start = max(0, since + 1 - oldest)
+        page = held[start:start + limit]
+        return EvaluationList(evaluations=page, total=self.total,
+                              next=page[-1].seq if page else max(since, oldest - 1),
+                              missed=max(0, oldest - 1 - since),
+                              more=start + limit < len(held))
+
     def forget_evaluated(self, task_id: str) -> None:
         """Delete the weights an evaluation stored: once reported, and when it failed or was
         cut short (its report will never come, and nothing else would delete them)."""
@@ -222,6 +241,7 @@ class EvaluationSchedule:
                 "next_eval_iteration": self.next_eval_iteration,
                 "best_policy_version": self.best_policy_version,
                 "evaluations": [e.model_dump() for e in self.evaluations],
+                "evaluations_total": self.total,
                 "best_evaluation": (self.best_evaluation.model_dump()
                                     if self.best_evaluation else None)}
 
@@ -231,8 +251,12 @@ class EvaluationSchedule:
         self.next_eval_at = int(counters["next_eval_at"])
         self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
         self.best_policy_version = counters.get("best_policy_version")
-        self.evaluations.extend(EvaluationResult.model_validate(e)
-                                for e in counters.get("evaluations", []))
+        kept = [EvaluationResult.model_validate(e) for e in counters.get("evaluations", [])]
+        self.total = int(counters.get("evaluations_total", len(kept)))
+        if any(e.seq == 0 for e in kept):  # a snapshot from before evaluations had numbers
+            first = self.total - len(kept) + 1
+            kept = [e.model_copy(update={"seq": first + i}) for i, e in enumerate(kept)]
+        self.evaluations.extend(kept)
         if counters.get("best_evaluation"):
             self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from shared.schemas import Role, WorkerState
 
+MAX_GONE_WORKERS = 256  # dead or departed workers remembered (for `GET /workers`)
+
 
 class UnknownWorker(KeyError):
     def __init__(self, worker_id: str) -> None:
@@ -67,7 +69,17 @@ class Membership:
                 return old, False
             w = Worker(worker_id, role, url, registered_at=now, last_seen=now)
             self._workers[worker_id] = w
+            self._forget_gone()
             return w, True
+
+    def _forget_gone(self) -> None:
+        """Keep only the newest `MAX_GONE_WORKERS` dead or departed workers (under the lock):
+        a week of scaling and restarts under new ids must not grow the table for good."""
+        gone = [w for w in self._workers.values() if w.state is not WorkerState.ALIVE]
+        if len(gone) > MAX_GONE_WORKERS:
+            gone.sort(key=lambda w: w.last_seen)
+            for w in gone[:len(gone) - MAX_GONE_WORKERS]:
+                del self._workers[w.worker_id]
 
     def get(self, worker_id: str) -> Worker:
         with self._lock:

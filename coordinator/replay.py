@@ -259,13 +259,15 @@ class Replay:
                                              np.asarray(u.priorities, dtype=np.float64))
         return applied
 
-    def consume(self, consumed: list[Consumed]) -> list[str]:
+    def consume(self, consumed: list[Consumed], replaying: bool = False) -> list[str]:
+        """Release what learners used up; `replaying`: a journalled consumption, replayed
+        into buffers restored from a snapshot (see `QueueBuffer.consume`)."""
         dead: list[str] = []
         for i, c in enumerate(consumed):
             buf = self.buffers.get(c.buffer)
             if buf is None:
                 raise UnknownBuffer(c.buffer, f"consumed.{i}.buffer")
-            dead += self._settle(buf, buf.consume(c.chunk_ids))
+            dead += self._settle(buf, buf.consume(c.chunk_ids, queued_too=replaying))
         return dead
 
     def requeue_held_by(self, worker_id: str) -> int:

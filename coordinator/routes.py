@@ -27,6 +27,7 @@ from shared.schemas import (
     EvaluationList,
     EvaluationReport,
     EvaluationResult,
+    EvaluationsQuery,
     GroupAssignment,
     GroupSyncRequest,
     Health,
@@ -290,9 +291,12 @@ def report_evaluation():
 
 
 @bp.get(f"{API}/evaluations")
-@document(EvaluationList)
+@document(EvaluationList, query=EvaluationsQuery)
 def list_evaluations():
-    return jsonify({"evaluations": [e.model_dump() for e in coord().evaluations]})
+    """The run's evaluations after the cursor `since`, oldest first, a page at a time; the
+    coordinator keeps the newest 500 (the whole history is in `metrics.jsonl`)."""
+    q = parse_query(EvaluationsQuery)
+    return _json(coord().eval_schedule.page(q.since, q.limit))
 
 
 @bp.get(f"{API}/run")

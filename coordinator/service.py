@@ -43,6 +43,7 @@ from shared.schemas import (
     CollectPermitRequest,
     CollectPermitResponse,
     CollectTask,
+    Consumed,
     EvaluationReport,
     EvaluationResult,
     GroupAssignment,
@@ -63,6 +64,8 @@ from shared.schemas import (
 from shared.storage import open_storage
 
 log = logging.getLogger("rlfleet.coordinator")
+
+CONSUMED_EVENT = "consumed"  # the journal's record of queue chunks a learner used up
 
 
 class WrongWorker(ValueError):
@@ -127,7 +130,7 @@ class Coordinator:
             cfg, self.storage, storage_url, clock, self._cond, self.replay,
             counters=self._counters, restore_counters=self._restore_counters,
             accept=self._accept, env_steps=lambda: self.env_steps,
-            on_event=self.matchmaker.apply if self.matchmaker else None)
+            on_event=self._replay_event)
         resumed = self.durability.restore() if resume else False
         if not resumed:
             self.durability.discard_journals()
@@ -364,6 +367,15 @@ class Coordinator:
                                    throttle_s=0.05 if throttle else 0.0, stop=self.stopped,
                                    opponents=opponents)
 
+    def _replay_event(self, event: dict) -> None:
+        """A journalled change that is not a chunk report, replayed by a restore (with
+        `_cond` held): a consumption of queue chunks, or a league change."""
+        if event.get("kind") == CONSUMED_EVENT:
+            consumed = [Consumed.model_validate(c) for c in event["consumed"]]
+            self.durability.release(self.replay.consume(consumed, replaying=True))
+        elif self.matchmaker is not None:
+            self.matchmaker.apply(event)
+
     def _accept(self, metas: list[ChunkMeta], worker_id: str
                 ) -> tuple[list[ChunkMeta], list[str]]:
         """Index journalled chunks and count them (under `_cond`); (fresh, dead ids)."""
@@ -475,6 +487,10 @@ class Coordinator:
         self.members.touch(req.worker_id)
         with self._cond:
             self.replay.check_feedback(req.priorities, req.consumed)
+        dead: list[str] = []
+
+        def apply() -> None:  # with `_cond` held
+            nonlocal dead
             self.train_iterations = max(self.train_iterations, req.train_iterations)
             self.policy_version = max(self.policy_version, req.policy_version)
             # losses and the like averaged over the ranks of the group
@@ -483,6 +499,16 @@ class Coordinator:
             self.replay.update_priorities(req.priorities)
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
+
+        if req.consumed:
+            # On-policy data is used once, across a crash too: the consumption goes into the
+            # journal before it is made (a StorageError: 503, the learner reports it again).
+            self.durability.journal_event(
+                {"kind": CONSUMED_EVENT,
+                 "consumed": [c.model_dump(mode="json") for c in req.consumed]}, apply)
+        else:
+            with self._cond:
+                apply()
         if dead:
             self.durability.release(dead)
         self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])
@@ -522,11 +548,6 @@ class Coordinator:
                         learners_alive=len(self.members.alive(Role.LEARNER)))
 
     # -- evaluation -------------------------------------------------------------------------
-
-    @property
-    def evaluations(self) -> deque[EvaluationResult]:
-        """Every evaluation so far, oldest first (`GET /evaluations`)."""
-        return self.eval_schedule.evaluations
 
     def report_evaluation(self, req: EvaluationReport) -> EvaluationResult:
         self.members.touch(req.worker_id)

@@ -3,7 +3,8 @@
 A worker's main task (collect or learn) outlives the worker: when the worker dies, the task
 becomes *unassigned* and goes to the next worker of that role that needs one (the same
 worker restarted under its old id gets its own task back). Tasks are saved in the
-coordinator's snapshot, so a restarted coordinator hands the same tasks out again.
+coordinator's snapshot, so a restarted coordinator hands the same tasks out again. Only the
+newest `MAX_ENDED_TASKS` ended tasks are remembered; an older one is unknown (404).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 import itertools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
@@ -28,6 +30,9 @@ def _task_adapter() -> TypeAdapter:
     return TypeAdapter(Task)
 
 _LIVE = (TaskState.PENDING, TaskState.RUNNING, TaskState.UNASSIGNED)
+# Ended tasks kept for `GET /tasks` and late reports; older ones are forgotten, so that a run
+# of a week (an evaluation task every few seconds) holds and scans a bounded table.
+MAX_ENDED_TASKS = 1000
 
 
 class UnknownTask(KeyError):
@@ -77,6 +82,7 @@ class TaskTable:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._unassigned: set[str] = set()  # ids waiting for a worker: checked every tick
+        self._ended: deque[str] = deque()  # ids of ended tasks, oldest first
 
     def new_id(self, kind: TaskKind) -> str:
         with self._lock:
@@ -101,6 +107,9 @@ class TaskTable:
             if rec.active:
                 rec.state, rec.error, rec.ended_at = state, error, time.monotonic()
                 self._unassigned.discard(task_id)
+                self._ended.append(task_id)
+                while len(self._ended) > MAX_ENDED_TASKS:
+                    self._tasks.pop(self._ended.popleft(), None)
         return rec
 
     def active_for(self, worker_id: str) -> list[TaskRecord]:

@@ -41,9 +41,10 @@ from pathlib import Path
 # What each role imports before it serves. torch is not here: a learner and a collector load
 # it themselves, on a nicer thread, after the fork.
 PRELOAD: dict[str, tuple[str, ...]] = {
-    "coordinator": ("coordinator.app", "services.serve", "cheroot.wsgi"),
-    "collector": ("collector.service", "shared.worker", "services.serve", "cheroot.wsgi"),
-    "learner": ("shared.worker", "services.serve", "cheroot.wsgi"),
+    "coordinator": ("coordinator.app", "services.serve", "services.http_errors", "cheroot.wsgi"),
+    "collector": ("collector.service", "shared.worker", "services.serve", "services.http_errors",
+                  "cheroot.wsgi"),
+    "learner": ("shared.worker", "services.serve", "services.http_errors", "cheroot.wsgi"),
 }
 
 

@@ -737,14 +737,19 @@ class FirstChunk:
 
 
 def _save_evaluations(cluster: LocalCluster, run_dir: Path) -> None:
-    """Keep the coordinator's evaluation history (`GET /api/v1/evaluations`) in
-    `<run-dir>/evaluations.json` before it stops: time-to-threshold figures need it."""
+    """Keep the coordinator's evaluation history (`GET /api/v1/evaluations`, the newest 500)
+    in `<run-dir>/evaluations.json` before it stops: time-to-threshold figures need it."""
     coordinator = cluster.coordinator
     if coordinator is None or coordinator.proc.poll() is not None:
         return
     client = HttpClient(coordinator.url, timeout_s=5, retries=1)
+    evaluations: list[dict] = []
     try:
-        evaluations = client.get(f"{API}/evaluations")["evaluations"]
+        since, more = 0, True
+        while more:  # the coordinator answers a page at a time
+            page = client.get(f"{API}/evaluations?since={since}&limit=1000")
+            evaluations += page["evaluations"]
+            since, more = page["next"], page["more"]
     except HttpError as err:
         print(f"evaluation history not saved: {err}", file=sys.stderr)
         return

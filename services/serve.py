@@ -11,7 +11,10 @@ coordinator; the coordinator writes its final snapshot) and exits 0; a worker wh
 (`WorkerService.fail`) goes the same way and exits 1, so whatever supervises it (the
 launcher, compose, Kubernetes) sees the crash and restarts it.
 
-The app is a plain WSGI app: the pytest client serves the very same one.
+The app is a plain WSGI app: the pytest client serves the very same one. What cheroot answers
+itself, before the app sees a request (a malformed request line, a request line or headers over
+64 KiB in all, an HTTP version it does not speak, a timeout), is JSON too, shaped like the app's
+errors: see services/http_errors.py.
 """
 
 from __future__ import annotations
@@ -40,10 +43,14 @@ class InProcessServer:
                  shutdown_timeout_s: float = 10.0) -> None:
         from cheroot.wsgi import Server  # noqa: PLC0415 - only the worker roles need it
 
+        from services import http_errors  # noqa: PLC0415 - imports cheroot
+
         self.app = app
         self.service = app.extensions["rlfleet"]
         self.server = Server((host, port), app, numthreads=threads, request_queue_size=64,
                              timeout=30, shutdown_timeout=shutdown_timeout_s)
+        # cheroot's own error answers as JSON, and a cap on the request line and headers
+        http_errors.install(self.server)
         self._stop = threading.Event()
         self.fatal = False
         self._thread: threading.Thread | None = None

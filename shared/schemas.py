@@ -490,6 +490,8 @@ class EvaluationResult(Response):
     battles: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="self-play: rates ('win', 'draw', 'loss') and "
         "'games' by opponent ('bot-random'), and by seat ('bot-random/first')")
+    seq: int = Field(0, description="the evaluation's number in the run, from 1: the cursor "
+                     "of `GET /evaluations?since=`")
 
 
 class TaskResult(Request):
@@ -620,8 +622,28 @@ class BufferChunks(Response):
     chunk_ids: list[str]
 
 
+MAX_EVALUATIONS_PER_PAGE = 1000
+
+
+class EvaluationsQuery(Request):
+    """`GET /evaluations` query: the evaluations after a cursor."""
+
+    since: Count = Field(0, description="the `next` of the previous answer (an evaluation's "
+                         "`seq`); 0: from the oldest evaluation kept")
+    limit: int = Field(100, ge=1, le=MAX_EVALUATIONS_PER_PAGE,
+                       description="at most this many evaluations per answer")
+
+
 class EvaluationList(Response):
+    """`GET /evaluations`: a page of the run's evaluations, oldest first. The coordinator
+    keeps the newest ones in memory (`EVALUATION_WINDOW`); the whole history is in the run's
+    `metrics.jsonl` (scope `eval`)."""
+
     evaluations: list[EvaluationResult]
+    total: int = Field(description="evaluations reported in the whole run")
+    next: int = Field(description="the cursor to pass as `since` next time")
+    missed: int = Field(description="evaluations after the cursor that are no longer kept")
+    more: bool = Field(description="more evaluations are waiting: ask again at once")
 
 
 class RunInfo(Response):

@@ -131,8 +131,10 @@ class Buffer(ABC):
         buffers ignore priorities."""
         return 0
 
-    def consume(self, chunk_ids: list[str]) -> list[str]:
-        """Chunks a learner reports as used up (queue buffers); returns released ids."""
+    def consume(self, chunk_ids: list[str], queued_too: bool = False) -> list[str]:
+        """Chunks a learner reports as used up (queue buffers); returns released ids.
+        `queued_too`: a journalled consumption replayed after a restart, when the restored
+        buffer holds the chunks queued again."""
         return []
 
     @abstractmethod

@@ -4,7 +4,9 @@ A learner polls `sample(..., num_batches=k)` and gets up to k whole chunks, olde
 `batch_size` is ignored (a learner cuts its own minibatches from the chunks it reads). A
 handed-out chunk is *in flight* until the learner reports it used (`consume`, which releases
 it) or until the coordinator gives it back (`requeue`, for a learner that died: the chunks go
-back to the head of the queue). Nothing is handed out twice unless it was requeued.
+back to the head of the queue). Nothing is handed out twice unless it was requeued. The
+coordinator journals each consumption before making it, so a coordinator that crashes after
+a snapshot does not hand out again what was consumed since (`consume(..., queued_too=True)`).
 
 Data that is not used is counted in `dropped` (in transitions) and released:
 - `dropped["overflow"]`: `capacity` bounds the transitions queued (not those in flight); the
@@ -167,12 +169,18 @@ class QueueBuffer(Buffer):
             item_ids=np.array([e.uid for e in taken], dtype=np.int64).reshape(k, 1),
             lengths=lengths)
 
-    def consume(self, chunk_ids: list[str]) -> list[str]:
+    def consume(self, chunk_ids: list[str], queued_too: bool = False) -> list[str]:
         """In-flight chunks a learner reports used: released (plus any still unreported).
-        Ids not in flight (a retried report) are ignored."""
+        Ids not in flight (a retried report) are ignored, unless `queued_too`: a restored
+        queue holds what was in flight queued at its head, and a journalled consumption
+        replayed after a crash takes those out, so they are not handed out twice."""
         m = self.monitor
         for chunk_id in chunk_ids:
             entry = self.in_flight.pop(chunk_id, None)
+            if entry is None and queued_too:
+                entry = self.queue.pop(chunk_id, None)
+                if entry is not None:
+                    self.queued_items -= entry.length
             if entry is None:
                 continue
             m.consumed_chunks += 1

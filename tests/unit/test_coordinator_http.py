@@ -445,8 +445,19 @@ def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     assert s["run"]["state"] == "stopped" and s["run"]["solved"] is True
     assert "solved" in s["run"]["stop_reason"]
     assert s["best_evaluation"]["task_id"] == ev2["task_id"]
-    evals = ok(HTTP.get(c.api("/evaluations"), timeout=TIMEOUT))["evaluations"]
-    assert [e["task_id"] for e in evals] == [ev["task_id"], ev2["task_id"]]
+    page = ok(HTTP.get(c.api("/evaluations"), timeout=TIMEOUT))
+    assert [e["task_id"] for e in page["evaluations"]] == [ev["task_id"], ev2["task_id"]]
+    assert [e["seq"] for e in page["evaluations"]] == [1, 2]
+    assert (page["total"], page["next"], page["missed"], page["more"]) == (2, 2, 0, False)
+    # paged by a cursor: one at a time, then nothing new
+    first = ok(HTTP.get(c.api("/evaluations?limit=1"), timeout=TIMEOUT))
+    assert [e["seq"] for e in first["evaluations"]] == [1] and first["more"] is True
+    rest = ok(HTTP.get(c.api(f"/evaluations?since={first['next']}"), timeout=TIMEOUT))
+    assert [e["seq"] for e in rest["evaluations"]] == [2] and rest["more"] is False
+    assert ok(HTTP.get(c.api("/evaluations?since=2"), timeout=TIMEOUT))["evaluations"] == []
+    for bad in ("since=-1", "limit=0", "limit=1001", "since=x", "after=1"):
+        r = HTTP.get(c.api(f"/evaluations?{bad}"), timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["field"] == bad.split("=")[0], bad
     # every worker hears about it on its next call
     assert ok(post(c, f"/workers/{wid}/heartbeat", {}))["stop"] is True
     assert ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 21,

@@ -3,12 +3,16 @@ role's own process, over real HTTP on loopback. What gunicorn gave a worker must
 the token guard and the JSON body limit (also for a chunked body), the service started with
 the server and closed after it, a fatal error in the role's loop ending the process (exit 1),
 a stop request ending it cleanly (exit 0); and `rlfleet collector` is one process that
-SIGTERM ends with code 0."""
+SIGTERM ends with code 0. What cheroot answers itself (a malformed request, a request line or
+headers over the limit, an HTTP version it does not speak, a timeout) is JSON like the app's
+errors, and normal requests on the same server are not affected."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +22,7 @@ from typing import Any
 import pytest
 import requests
 
+from services.http_errors import MAX_HEADER_BYTES
 from services.serve import InProcessServer
 from shared.config import ConfigError
 from shared.schemas import Role, TaskAccepted, TaskEnvelope
@@ -115,6 +120,98 @@ def test_bodies_over_the_limit_get_a_json_413_also_when_chunked(served):
     assert r.status_code == 413
     assert r.json()["error"] == f"request body is more than {LIMIT} bytes; the limit is {LIMIT}"
     assert service.events == ["start"], "nothing was accepted"
+
+
+def raw_exchange(url: str, request: bytes, sock: socket.socket | None = None,
+                 ) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as bytes over a socket (a new one unless given) and read one answer:
+    its status, headers (lower-case names) and body (by Content-Length, else to the close)."""
+    own = sock is None
+    if sock is None:
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = sock.recv(65536)
+            assert more, f"connection closed before a whole answer: {data!r}"
+            data += more
+        head, _, body = data.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("iso-8859-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines)}
+        if "content-length" in headers:
+            while len(body) < int(headers["content-length"]):
+                more = sock.recv(65536)
+                assert more, "connection closed inside the body"
+                body += more
+        else:
+            while more := sock.recv(65536):
+                body += more
+        return int(status_line.split()[1]), headers, body
+    finally:
+        if own:
+            sock.close()
+
+
+BIG = MAX_HEADER_BYTES + 1000
+
+
+@pytest.mark.parametrize("request_bytes, status, says", [
+    (b"hello\r\n\r\n", 400, "Bad Request: Malformed Request-Line"),
+    (b"GET /health NOT-HTTP\r\n\r\n", 400, "Malformed Request-Line: bad protocol"),
+    (b"get /health HTTP/1.1\r\n\r\n", 400, "Malformed method name"),
+    (b"GET /health HTTP/1.1\n\n", 400, "HTTP requires CRLF terminators"),
+    (b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n", 400, "Illegal header line"),
+    (b"GET /" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414,
+     f"URI Too Long: the request line is over {MAX_HEADER_BYTES} bytes"),
+    (b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505,
+     "HTTP Version Not Supported: this server speaks HTTP/1.0 and HTTP/1.1"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * BIG + b"\r\n\r\n", 431,
+     f"Request Header Fields Too Large: the request line and headers are over "
+     f"{MAX_HEADER_BYTES} bytes"),
+    (b"POST /task HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501,
+     "the only Transfer-Encoding understood is chunked"),
+], ids=["garbage", "bad-protocol", "lower-case-method", "bare-lf", "bad-header", "uri-too-long",
+        "http-2", "headers-too-large", "transfer-encoding"])
+def test_the_servers_own_errors_are_json_and_close(served, request_bytes: bytes, status: int,
+                                                   says: str):
+    _, service, url, _, _ = served
+    code, headers, body = raw_exchange(url, request_bytes)
+    assert code == status
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    answer = json.loads(body)
+    assert set(answer) == {"error", "field"} and answer["field"] is None
+    assert says in answer["error"]
+    # the server goes on answering normally
+    r = requests.get(f"{url}/health", timeout=5)
+    assert r.status_code == 200 and r.json() == {"ok": True, "role": "collector"}
+    assert service.events == ["start"]
+
+
+def test_a_request_that_does_not_arrive_in_time_gets_a_json_408(served):
+    server, _, url, _, _ = served
+    server.server.timeout = 1  # applies to connections accepted from now on
+    code, headers, body = raw_exchange(url, b"GET /hea")
+    assert (code, headers["content-type"], headers["connection"]) == (
+        408, "application/json", "close")
+    assert json.loads(body) == {
+        "error": "Request Timeout: the request did not arrive within 1 s", "field": None}
+
+
+def test_keep_alive_and_headers_under_the_limit_are_unaffected(served):
+    _, _, url, _, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(3):  # one connection, three requests
+            code, headers, body = raw_exchange(
+                url, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Fill: " + b"a" * 30000
+                + b"\r\n\r\n", sock)
+            assert code == 200 and "close" not in headers.get("connection", "")
+            assert json.loads(body) == {"ok": True, "role": "collector"}
+    r = requests.get(f"{url}/status", params={"q": "x" * 30000}, headers=auth(), timeout=5)
+    assert r.status_code == 200 and r.json()["events"] == ["start"]
 
 
 def test_a_stop_request_stops_serving_then_closes_the_service_and_exits_0(served):
