@@ -71,6 +71,7 @@ ERROR_REASONS = {
     400: "the body is not JSON, not `application/json`, or does not validate (`field` "
          "names the first offending field, `detail` lists every error)",
     401: "no `Authorization: Bearer <token>` header, or not the cluster's token",
+    403: "the worker's `url` is outside `coordinator.worker_networks`",
     404: "an id in the path or the body names no worker, task or buffer (`field` says which)",
     409: "the task belongs to another worker, or is of another kind",
     413: "the body is larger than `RLFLEET_MAX_BODY_BYTES`",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, request
 
+from coordinator.admission import NotAdmitted
 from coordinator.membership import UnknownWorker
 from coordinator.openapi import document, openapi_document
 from coordinator.replay import UnknownBuffer
@@ -72,6 +73,11 @@ def _json(model):
 @bp.errorhandler(UnknownWorker)
 def _unknown_worker(err: UnknownWorker):
     return error(404, str(err), "worker_id")
+
+
+@bp.errorhandler(NotAdmitted)
+def _not_admitted(err: NotAdmitted):
+    return error(403, str(err), err.field)
 
 
 @bp.errorhandler(UnknownTask)
@@ -159,7 +165,7 @@ def list_workers():
 
 
 @bp.post(f"{API}/workers")
-@document(RegisterResponse, body=RegisterRequest)
+@document(RegisterResponse, body=RegisterRequest, errors=[403])
 def register():
     return _json(coord().register(parse_body(RegisterRequest)))
 

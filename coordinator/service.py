@@ -23,6 +23,7 @@ import zlib
 from collections import deque
 from pathlib import Path
 
+from coordinator.admission import WorkerNetworks
 from coordinator.commander import Commander
 from coordinator.durability import Durability
 from coordinator.evaluation import EvaluationSchedule
@@ -62,6 +63,7 @@ from shared.schemas import (
     TaskState,
 )
 from shared.storage import open_storage
+from shared.storage.credentials import redact
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -83,14 +85,19 @@ class RateLimited(Exception):
 class Coordinator:
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
                  clock=time.monotonic, resume: bool = False) -> None:
+        # Whatever the coordinator shows or hands out names storage without its password
+        # (workers find it themselves: shared/storage/credentials.py).
+        if cfg.storage and redact(cfg.storage) != cfg.storage:
+            cfg = cfg.with_overrides(storage=redact(cfg.storage))
         self.cfg = cfg
-        self.storage_url = storage_url
+        self.storage_url = redact(storage_url)
         token = load_token()  # before anything is opened: a misconfigured token fails here
         self.run_dir = Path(run_dir) if run_dir else None
-        self.storage = open_storage(storage_url, cfg.name)
+        self.storage = open_storage(storage_url, cfg.name)  # the password, if any, stays here
         self.clock = clock
         self.started_at = clock()
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
+        self.admission = WorkerNetworks(cfg.coordinator.worker_networks)
         self.tasks = TaskTable()
         self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
@@ -127,7 +134,7 @@ class Coordinator:
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
             solves=self.matchmaker.solved if self.matchmaker else None)
         self.durability = Durability(
-            cfg, self.storage, storage_url, clock, self._cond, self.replay,
+            cfg, self.storage, self.storage_url, clock, self._cond, self.replay,
             counters=self._counters, restore_counters=self._restore_counters,
             accept=self._accept, env_steps=lambda: self.env_steps,
             on_event=self._replay_event)
@@ -177,6 +184,7 @@ class Coordinator:
     # -- membership -------------------------------------------------------------------------
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
+        self.admission.check(req.url)  # NotAdmitted: 403, nothing registered
         worker, is_new = self.members.register(req.role, req.url, req.worker_id)
         log.info("%s %s at %s", "registered" if is_new else "re-registered",
                  worker.worker_id, worker.url)

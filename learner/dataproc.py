@@ -209,9 +209,10 @@ class ShmWriter(SampleLoop):
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("RLFLEET_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s learner-data %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    from shared.storage.credentials import log_to_stderr
+
+    log_to_stderr(os.environ.get("RLFLEET_LOG_LEVEL", "INFO"),
+                  "%(asctime)s learner-data %(levelname)s %(name)s: %(message)s")
     settings = json.loads(sys.stdin.readline())
     from shared.http import HttpClient
     from shared.storage import open_storage

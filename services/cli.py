@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import socket
 import sys
@@ -45,9 +44,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _setup_logging(role: str) -> None:
-    logging.basicConfig(level=env("LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    from shared.storage.credentials import log_to_stderr
+
+    log_to_stderr(env("LOG_LEVEL", "INFO"), f"%(asctime)s {role} %(levelname)s %(name)s: "
+                  "%(message)s")
 
 
 def _advertise(args: argparse.Namespace) -> str:
@@ -65,6 +65,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         raise ConfigError("coordinator needs --config PATH (or RLFLEET_CONFIG)")
     cfg = load_config(args.config)
     cfg = cfg.with_overrides(seed=args.seed, name=args.name)
+    if args.worker_networks is not None:  # a deployment's own networks (compose, k8s)
+        networks = [n for n in args.worker_networks.split(",") if n.strip()]
+        cfg = cfg.with_overrides(coordinator={**cfg.coordinator.model_dump(),
+                                              "worker_networks": networks})
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     storage = args.storage or cfg.storage or str(run_dir / "storage")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -299,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=int(env("THREADS", "16")))
     c.add_argument("--resume", action="store_true", default=env("RESUME") == "1",
                    help="continue from the buffers and counters snapshot in storage")
+    c.add_argument("--worker-networks", default=env("WORKER_NETWORKS"),
+                   help="comma-separated CIDRs workers must register from (replaces the "
+                        "config's coordinator.worker_networks)")
     c.set_defaults(func=cmd_coordinator)
 
     for role in ("collector", "learner"):

@@ -43,6 +43,13 @@ from shared.config import ConfigError, RunConfig, load_config
 from shared.crash import CRASH_FILE_ENV, read_crash, signature
 from shared.http import HttpClient, HttpError
 from shared.schemas import API
+from shared.storage.credentials import (
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
+    configured_password,
+    has_password,
+    split_password,
+)
 
 _PR_SET_PDEATHSIG = 1
 # Restart back-off per child: the first restart waits this long, each next one twice as long.
@@ -433,7 +440,7 @@ def _resolve(args) -> tuple[Path, Path, str, dict]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    storage = args.storage or cfg.storage or str(run_dir / "storage")
+    storage = _hold_password(args.storage or cfg.storage or str(run_dir / "storage"))
     stop = cfg.stop.model_dump()
     if args.max_wall_s:
         stop["max_wall_s"] = args.max_wall_s
@@ -493,7 +500,21 @@ def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
         args.learners = before.get("learners")
     args.config, args.seed = config_path, cfg.seed
     assert cfg.storage is not None  # `up` always writes the storage it used
-    return config_path, run_dir, cfg.storage, cfg.model_dump(mode="json")
+    return config_path, run_dir, _hold_password(cfg.storage), cfg.model_dump(mode="json")
+
+
+def _hold_password(storage: str) -> str:
+    """The storage URL with its password redacted, for the config, the console and every
+    file of the run. The processes this launcher starts get the password in their
+    environment (`RLFLEET_STORAGE_PASSWORD`), never on a command line; a URL whose password
+    was redacted already (a resumed run) needs it configured (`RLFLEET_STORAGE_PASSWORD_FILE`)."""
+    storage, password = split_password(storage)
+    if password is not None:
+        os.environ[PASSWORD_ENV] = password
+    elif has_password(storage) and configured_password() is None:
+        raise ConfigError(f"storage {storage} needs its password: name a file holding it in "
+                          f"{PASSWORD_FILE_ENV} (or give the whole URL with --storage)")
+    return storage
 
 
 def _progress_text(status: dict, elapsed: float) -> str:

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -379,6 +386,23 @@ class CoordinatorConfig(_Frozen):
     orphan_grace_s: float = Field(60.0, gt=0, description="a chunk in storage that no buffer "
                                   "holds and nobody announced for this long is deleted (its "
                                   "collector died between writing and announcing it)")
+    worker_networks: list[str] = Field(
+        default_factory=list, max_length=64, description="CIDRs a worker's registered URL "
+        "must resolve into (the coordinator POSTs tasks there); empty: any address. The "
+        "compose file and deploy/k8s set their own networks")
+
+    @field_validator("worker_networks")
+    @classmethod
+    def _networks_parse(cls, cidrs: list[str]) -> list[str]:
+        import ipaddress
+
+        for i, cidr in enumerate(cidrs):
+            try:
+                ipaddress.ip_network(cidr.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"worker_networks[{i}]={cidr!r} is not a CIDR such as "
+                                 "10.0.0.0/8") from None
+        return [c.strip() for c in cidrs]
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> CoordinatorConfig:

@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shared.storage.credentials import redact
+
 CRASH_FILE_ENV = "RLFLEET_CRASH_FILE"
 TRACEBACK_CHARS = 20_000  # the end of a very deep traceback is the part that names the cause
 
@@ -36,10 +38,11 @@ def write_crash(err: BaseException, role: str, where: str, worker_id: str | None
     path = path or os.environ.get(CRASH_FILE_ENV)
     if not path:
         return None
-    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    tb = redact("".join(traceback.format_exception(type(err), err, err.__traceback__)))
     report = {"role": role, "worker_id": worker_id, "where": where,
-              "type": type(err).__name__, "message": str(err), "error": describe(err),
-              "traceback": tb[-TRACEBACK_CHARS:], "time": time.time()}
+              "type": type(err).__name__, "message": redact(str(err)),
+              "error": redact(describe(err)), "traceback": tb[-TRACEBACK_CHARS:],
+              "time": time.time()}
     try:
         target = Path(path)
         tmp = target.with_name(target.name + ".tmp")

@@ -19,12 +19,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared.storage.base import ChunkNotFound, Storage, StorageError, VersionConflict, validate_id
+from shared.storage.credentials import connect_password, redact, without_userinfo
 
 T = TypeVar("T")
 
@@ -106,14 +108,18 @@ class RedisStorage(Storage):
                  retry_s: float = DEFAULT_RETRY_S, connect_timeout_s: float = 1.0) -> None:
         if retry_s < 0:
             raise ValueError(f"retry_s={retry_s} must be >= 0")
-        self.url = url
+        self.url = redact(url)  # what messages show: never the password
         self.namespace = namespace
         self.prefix = f"rlfleet:{namespace}:"
         self.retry = WindowRetry(retry_s)
         # A short connect timeout: while the server is down each attempt should fail fast and
         # leave the window to the backoff, not spend it in one SYN.
+        # The password apart from the URL (redis-py lets a URL's userinfo win over keyword
+        # arguments): the URL's own, else the one configured (see credentials.py).
         self.client = client or redis.Redis.from_url(
-            url, socket_timeout=10, socket_connect_timeout=connect_timeout_s,
+            without_userinfo(url), username=urlsplit(url).username or None,
+            password=connect_password(url),
+            socket_timeout=10, socket_connect_timeout=connect_timeout_s,
             health_check_interval=30, retry=self.retry,
             retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 

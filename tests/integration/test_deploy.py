@@ -244,6 +244,24 @@ def test_compose_token_comes_from_the_environment():
         assert token.startswith("${RLFLEET_TOKEN:?"), f"{role}: RLFLEET_TOKEN is required"
 
 
+def test_compose_and_k8s_admit_workers_from_their_own_networks_only():
+    """The coordinator POSTs tasks to the URL a worker registers: in both deployments it
+    takes private addresses (compose's and pods' networks), never link-local (a cloud
+    metadata service), loopback (itself) or public ones."""
+    from coordinator.admission import NotAdmitted, WorkerNetworks
+
+    for env in (compose_env(compose()["services"]["coordinator"]),
+                k8s_env(k8s_container("coordinator"))):
+        networks = WorkerNetworks(env["RLFLEET_WORKER_NETWORKS"].split(","))
+        for inside in ("http://172.18.0.5:8200", "http://10.244.1.7:8200",
+                       "http://192.168.16.3:8100"):
+            networks.check(inside)
+        for outside in ("http://169.254.169.254:80", "http://127.0.0.1:8000",
+                        "http://8.8.8.8:80"):
+            with pytest.raises(NotAdmitted):
+                networks.check(outside)
+
+
 # -- the same commands in compose and Kubernetes --------------------------------------------
 
 @pytest.mark.parametrize("role", list(ROLES))
