@@ -14,6 +14,7 @@ missed (`missed`) instead of the coordinator's memory growing with the run.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections import deque
@@ -24,7 +25,10 @@ from typing import Any
 
 from shared.rundata import read_records
 
-CAPACITY = 50_000  # records kept (a week-long run at the default intervals writes fewer)
+# Records kept: at the default intervals a CartPole run writes a few hundred a minute, so the
+# newest 20,000 reach back an hour or more; each is kept as its JSON text (about 0.6 KB, a
+# third of the dict it came from), so a full feed holds about 15 MB whatever the run's length.
+CAPACITY = 20_000
 
 
 class RecordFeed:
@@ -32,7 +36,8 @@ class RecordFeed:
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.epoch = secrets.token_hex(6)
-        self._records: deque[dict[str, Any]] = deque(maxlen=capacity)
+        # (seq, scope, step, wall_time, the values as JSON text)
+        self._records: deque[tuple[int, str, int, float, str]] = deque(maxlen=capacity)
         self._seq = 0
         self._lock = threading.Lock()
 
@@ -42,8 +47,8 @@ class RecordFeed:
               scalars: Mapping[str, float]) -> None:
         with self._lock:
             self._seq += 1
-            self._records.append({"seq": self._seq, "scope": scope, "step": step,
-                                  "wall_time": wall_time, "values": dict(scalars)})
+            self._records.append((self._seq, scope, step, wall_time,
+                                  json.dumps(dict(scalars), separators=(",", ":"))))
 
     def flush(self) -> None:
         pass
@@ -73,18 +78,20 @@ class RecordFeed:
         looked at, so records of other scopes are not looked at again either."""
         wanted = set(scopes) if scopes else None
         with self._lock:
-            first = self._records[0]["seq"] if self._records else self._seq + 1
+            first = self._records[0][0] if self._records else self._seq + 1
             missed = max(0, first - after - 1) if after < self._seq else 0
             # Sequence numbers are consecutive, so the start is found by arithmetic.
             start = max(0, after + 1 - first)
-            out: list[dict[str, Any]] = []
+            picked: list[tuple[int, str, int, float, str]] = []
             cursor = max(after, first - 1) if after < self._seq else self._seq
             for record in islice(self._records, start, None):
-                cursor = record["seq"]
-                if wanted is None or record["scope"] in wanted:
-                    out.append(record)
-                    if len(out) >= limit:
+                cursor = record[0]
+                if wanted is None or record[1] in wanted:
+                    picked.append(record)
+                    if len(picked) >= limit:
                         break
-            more = cursor < self._seq
-            return {"epoch": self.epoch, "next": cursor, "latest": self._seq,
-                    "missed": missed, "more": more, "records": out}
+            more, latest = cursor < self._seq, self._seq
+        out = [{"seq": seq, "scope": scope, "step": step, "wall_time": wall_time,
+                "values": json.loads(values)} for seq, scope, step, wall_time, values in picked]
+        return {"epoch": self.epoch, "next": cursor, "latest": latest, "missed": missed,
+                "more": more, "records": out}

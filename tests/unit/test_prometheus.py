@@ -1,10 +1,13 @@
 """The coordinator's Prometheus `/metrics`, scraped from the real service in its own process.
 
-Requests go through gunicorn as workers send them; the scrape is parsed with
+Requests go through its HTTP server (cheroot) as workers send them; the scrape is parsed with
 prometheus_client's own parser, so what is checked is what Prometheus would read.
 """
 
 from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,6 +37,7 @@ BOOTS = {
     "test_requests_are_counted_per_url_template": DEFAULT,
     "test_run_state_follows_workers_chunks_and_learning": DEFAULT,
     "test_evaluation_gauges_and_solving": EARLY_EVAL,
+    "test_latency_histogram_is_cumulative_and_bounded": DEFAULT,
 }
 
 HEARTBEAT = "/api/v1/workers/<worker_id>/heartbeat"
@@ -104,6 +108,56 @@ def test_requests_are_counted_per_url_template(coordinator, task_sink):
     assert les[0] == 0.0005 and les[-2] == 10.0 and les[-1] == float("inf")
     assert value(after, "rlfleet_http_request_duration_seconds_bucket", method="POST",
                  endpoint=HEARTBEAT, le="+Inf") == 3
+
+
+def latency_buckets(samples: Samples, method: str, endpoint: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of one series' buckets, by upper bound."""
+    return sorted((float(dict(labels)["le"]), v) for (name, labels), v in samples.items()
+                  if name == "rlfleet_http_request_duration_seconds_bucket"
+                  and dict(labels)["method"] == method
+                  and dict(labels)["endpoint"] == endpoint)
+
+
+def test_latency_histogram_is_cumulative_and_bounded(coordinator, task_sink):
+    """What a soak reads off the histogram (a p99 per interval from bucket differences) holds:
+    every series' buckets are cumulative and end in its count, concurrent requests are all
+    counted (cheroot answers on a thread pool), and stray paths share one label."""
+    c = coordinator()
+    wid = register(c, "collector", task_sink())["worker_id"]
+
+    def beat(_: int) -> int:
+        return post(c, f"/workers/{wid}/heartbeat").status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(beat, range(64))) == {200}
+    for i in range(20):  # twenty different raw paths, scanners' style
+        resp = HTTP.get(c.api(f"/no/such/{i}/route-{i}"), timeout=TIMEOUT)
+        assert resp.status_code == 404
+
+    s = scrape(c)
+    assert latency_count(s, "POST", HEARTBEAT) == 64
+    assert latency_count(s, "GET", "<unmatched>") == 20
+    series = {(dict(labels)["method"], dict(labels)["endpoint"]) for (name, labels) in s
+              if name == "rlfleet_http_request_duration_seconds_count"}
+    # one series per route template (and `/health`, which the pool asked before lending it)
+    assert {e for _, e in series} <= {"/api/v1/workers", HEARTBEAT, "<unmatched>", "/health",
+                                      "/metrics"}, series
+    assert not any("/no/such" in endpoint for _, endpoint in series)
+    for method, endpoint in series:
+        buckets = latency_buckets(s, method, endpoint)
+        counts = [n for _, n in buckets]
+        assert counts == sorted(counts), (method, endpoint, buckets)  # cumulative
+        assert buckets[-1][0] == math.inf
+        assert buckets[-1][1] == latency_count(s, method, endpoint)
+        total = value(s, "rlfleet_http_request_duration_seconds_sum", method=method,
+                      endpoint=endpoint)
+        assert total is not None and 0 <= total < 10 * counts[-1]
+
+    again = scrape(c)  # a second look only adds: counts never go back
+    for method, endpoint in series:
+        before = dict(latency_buckets(s, method, endpoint))
+        for le, n in latency_buckets(again, method, endpoint):
+            assert n >= before.get(le, 0)
 
 
 def test_run_state_follows_workers_chunks_and_learning(coordinator, task_sink):
