@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`, `datasets`, and
 # `browser` for the dashboard's test): installed on top, so `make up` stays lean.
 $(GAMES): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables]'
 	@touch $(GAMES)
 
 install: $(STAMP)

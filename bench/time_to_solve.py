@@ -9,7 +9,13 @@ collectors; see `single_config`). Their ratio is the cost of distribution on thi
 measured in the same run.
 
     python bench/time_to_solve.py --algo dqn|ppo [--seeds 0 1 2] [--collectors 2]
-                                  [--storage DIR_OR_REDIS_URL]
+                                  [--storage DIR_OR_REDIS_URL] [--n-step N]
+
+`--n-step N` (DQN) runs every seed twice on each side, with 1-step and with N-step returns
+(`algo.n_step`), and reports the env steps each needed to solve beside each other:
+`env_steps_n1` and `env_steps_nN` are the medians over solved seeds of the cluster's env
+steps at its solving evaluation (`single_env_steps_n1`/`_nN` the single process's), with
+per-seed lists (null: not solved) and each variant's full summary under `n1` and `nN`.
 
 Cluster times: `run_seconds` is the coordinator's clock from its start to the solving
 evaluation; `train` starts at the first chunk the coordinator accepted (workers' start-up, 2-6 s
@@ -315,6 +321,86 @@ def summarise(algo: str, collectors: int, clusters: list[ClusterResult],
     }
 
 
+def n_step_config(config: Path, n_step: int, work: Path) -> Path:
+    """`config` with `algo.n_step` set, written beside the run dirs."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    data.setdefault("algo", {})["n_step"] = n_step
+    out = work / f"{config.stem}-n{n_step}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def run_seeds(config: Path, seeds: list[int], collectors: int, storage_arg: str | None,
+              work: Path, stamp: str, stop_value: float | None, tag: str = ""
+              ) -> tuple[list[ClusterResult], list[SingleResult]]:
+    """Cluster then single process, per seed (slow drift hits both alike)."""
+    clusters: list[ClusterResult] = []
+    singles: list[SingleResult] = []
+    for seed in seeds:
+        storage = storage_arg
+        if storage and not is_redis(storage):  # one fresh directory per run
+            storage = str(Path(storage).resolve() / f"cluster{tag}-{seed}-{stamp}")
+        log(f"seed {seed}{tag}: cluster ({collectors} collectors)...")
+        c = run_cluster(config, seed, collectors, work / f"cluster{tag}-{seed}", storage)
+        clusters.append(c)
+        if storage:  # a user-given storage is left as it was found
+            clear_storage(storage, c.run_dir.name[:64])
+        log(f"seed {seed}{tag}: cluster {c.outcome}: t→{stop_value:g} "
+            f"{fmt(c.run_s, '.1f', ' s')} (wall {fmt(c.wall_s, '.1f', ' s')}), t→195 "
+            f"{fmt(c.t195_s, '.1f', ' s')}, {fmt(c.env_steps, ',')} env steps "
+            f"(solving evaluation at {fmt(c.solve_env_steps, ',')})")
+        log(f"seed {seed}{tag}: single process ({collectors} x env.num_envs envs)...")
+        s = run_single_process(config, seed, collectors)
+        singles.append(s)
+        log(f"seed {seed}{tag}: single {'solved' if s.solved else 'not solved'}: "
+            f"t→{stop_value:g} {fmt(s.solve_s, '.1f', ' s')}, t→195 {fmt(s.t195_s, '.1f', ' s')}"
+            f", {s.env_steps:,} env steps")
+    return clusters, singles
+
+
+def n_step_summary(n_step: int, variants: dict[int, tuple[list[ClusterResult],
+                                                         list[SingleResult]]]) -> dict:
+    """Env steps to solve per n (medians over solved seeds, and per seed)."""
+    out: dict = {"n_step": n_step}
+    for n, (clusters, _) in variants.items():
+        out[f"env_steps_n{n}"] = rounded(median(c.solve_env_steps for c in clusters), 0)
+    for n, (_, singles) in variants.items():
+        out[f"single_env_steps_n{n}"] = rounded(median(s.env_steps for s in singles
+                                                       if s.solved), 0)
+    for n, (clusters, singles) in variants.items():
+        out[f"env_steps_n{n}_per_seed"] = [c.solve_env_steps for c in clusters]
+        out[f"single_env_steps_n{n}_per_seed"] = [s.env_steps if s.solved else None
+                                                  for s in singles]
+        out[f"solved_seeds_n{n}"] = [c.seed for c in clusters if c.solved]
+        out[f"single_solved_seeds_n{n}"] = [s.seed for s in singles if s.solved]
+    out["env_steps_ratio_n"] = rounded(ratio(out[f"env_steps_n{n_step}"], out["env_steps_n1"]))
+    out["single_env_steps_ratio_n"] = rounded(ratio(out[f"single_env_steps_n{n_step}"],
+                                                    out["single_env_steps_n1"]))
+    out["seeds"] = [c.seed for c in variants[1][0]]
+    return out
+
+
+def n_step_table(n_step: int, result: dict) -> Table:
+    t = Table(title=f"env steps to solve: 1-step beside {n_step}-step DQN",
+              caption="at the solving evaluation; '-' = not solved within the run's limits")
+    for name in ("seed", "cluster n=1", f"cluster n={n_step}", "single n=1",
+                 f"single n={n_step}"):
+        t.add_column(name, justify="right")
+    rows = zip(result["seeds"], result["env_steps_n1_per_seed"],
+               result[f"env_steps_n{n_step}_per_seed"], result["single_env_steps_n1_per_seed"],
+               result[f"single_env_steps_n{n_step}_per_seed"], strict=True)
+    for seed, c1, cn, s1, sn in rows:
+        t.add_row(str(seed), fmt(c1, ","), fmt(cn, ","), fmt(s1, ","), fmt(sn, ","))
+    t.add_section()
+    t.add_row("median", fmt(result["env_steps_n1"], ",.0f"),
+              fmt(result[f"env_steps_n{n_step}"], ",.0f"),
+              fmt(result["single_env_steps_n1"], ",.0f"),
+              fmt(result[f"single_env_steps_n{n_step}"], ",.0f"), style="bold")
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--algo", choices=sorted(CONFIGS), default="dqn")
@@ -326,7 +412,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="override the algo's config (default: configs/cartpole-<algo>.yaml)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where run dirs go (default: a fresh temporary directory, kept)")
+    p.add_argument("--n-step", type=int, default=None,
+                   help="DQN: run 1-step and this n-step (algo.n_step) side by side")
     args = p.parse_args(argv)
+    if args.n_step is not None and (args.algo != "dqn" or args.n_step < 2):
+        p.error("--n-step N compares N >= 2 with 1-step DQN (--algo dqn)")
 
     from shared.config import load_config
 
@@ -337,27 +427,26 @@ def main(argv: list[str] | None = None) -> int:
     log(f"config {config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config}"
         f", seeds {args.seeds}, {args.collectors} collectors, run dirs under {work}")
 
-    clusters: list[ClusterResult] = []
-    singles: list[SingleResult] = []
-    for seed in args.seeds:  # cluster then single per seed: slow drift hits both alike
-        storage = args.storage
-        if storage and not is_redis(storage):  # one fresh directory per run
-            storage = str(Path(storage).resolve() / f"cluster-{seed}-{stamp}")
-        log(f"seed {seed}: cluster ({args.collectors} collectors)...")
-        c = run_cluster(config, seed, args.collectors, work / f"cluster-{seed}", storage)
-        clusters.append(c)
-        if storage:  # a user-given storage is left as it was found
-            clear_storage(storage, c.run_dir.name[:64])
-        log(f"seed {seed}: cluster {c.outcome}: t→{stop_value:g} {fmt(c.run_s, '.1f', ' s')} "
-            f"(wall {fmt(c.wall_s, '.1f', ' s')}), t→195 {fmt(c.t195_s, '.1f', ' s')}, "
-            f"{fmt(c.env_steps, ',')} env steps")
-        log(f"seed {seed}: single process ({args.collectors} x env.num_envs envs)...")
-        s = run_single_process(config, seed, args.collectors)
-        singles.append(s)
-        log(f"seed {seed}: single {'solved' if s.solved else 'not solved'}: "
-            f"t→{stop_value:g} {fmt(s.solve_s, '.1f', ' s')}, t→195 {fmt(s.t195_s, '.1f', ' s')}"
-            f", {s.env_steps:,} env steps")
+    if args.n_step is not None:
+        configs = {n: n_step_config(config, n, work) for n in (1, args.n_step)}
+        variants: dict[int, tuple[list[ClusterResult], list[SingleResult]]] = {
+            n: ([], []) for n in configs}
+        for seed in args.seeds:  # per seed, 1-step then n-step: slow drift hits both alike
+            for n, path in configs.items():
+                c, s = run_seeds(path, [seed], args.collectors, args.storage, work, stamp,
+                                 stop_value, tag=f"-n{n}")
+                variants[n][0].extend(c)
+                variants[n][1].extend(s)
+        result = n_step_summary(args.n_step, variants)
+        for n, (clusters, singles) in variants.items():
+            result[f"n{n}"] = summarise(args.algo, args.collectors, clusters, singles)
+        print_tables(*(table(c, s, result[f"n{n}"], stop_value)
+                       for n, (c, s) in variants.items()), n_step_table(args.n_step, result))
+        emit(result)
+        return 0
 
+    clusters, singles = run_seeds(config, args.seeds, args.collectors, args.storage, work,
+                                  stamp, stop_value)
     result = summarise(args.algo, args.collectors, clusters, singles)
     print_tables(table(clusters, singles, result, stop_value),
                  learning_table(clusters, singles))

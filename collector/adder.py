@@ -111,7 +111,8 @@ class StorageAdder:
             episode_return_components: list[list[float]] | None = None,
             games: list[GameRecord] | None = None,
             opponents_skipped: list[str] | None = None,
-            obs_moments: RunningMoments | None = None) -> str:
+            obs_moments: RunningMoments | None = None,
+            episode_envs: list[int] | None = None) -> str:
         """Write a chunk (or hold it, if storage cannot take it now) and queue its metadata
         for announcement once written. Never raises `StorageError`; waits while
         `max_held_chunks` are unacknowledged, until there is room or the adder is
@@ -136,7 +137,8 @@ class StorageAdder:
                 policy_version=policy_version, episode_returns=episode_returns,
                 episode_lengths=episode_lengths, segments=segments or [], timers=timers,
                 episode_return_components=episode_return_components or [],
-                games=games or [], opponents_skipped=opponents_skipped or []))
+                games=games or [], opponents_skipped=opponents_skipped or [],
+                episode_envs=episode_envs or []))
 
         with self._cond:
             self._cond.wait_for(lambda: len(self._held) + self._unreported

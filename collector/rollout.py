@@ -36,6 +36,7 @@ class Chunk:
     segments: list[tuple[int, int]] = field(default_factory=list)
     timers: dict[str, float] = field(default_factory=dict)  # ms per vector step, by phase
     episode_return_components: list[list[float]] = field(default_factory=list)
+    episode_envs: list[int] = field(default_factory=list)  # the env each episode ran in
     games: list[GameRecord] = field(default_factory=list)  # self-play: games that ended here
     opponents_skipped: list[str] = field(default_factory=list)
     obs_moments: RunningMoments | None = None  # algo.obs_norm: raw observations acted on
@@ -82,6 +83,7 @@ class Rollout:
         self.ep_length = np.zeros(self.n, dtype=np.int64)
         self.ep_components: np.ndarray | None = None  # vector-reward envs: (n, k) so far
         self.finished_components: list[list[float]] = []
+        self.finished_envs: list[int] = []  # env index of each finished episode, in order
         self.env_steps = 0
         self.policy = policy  # after self.obs: the setter sizes the moments by it
         self.bootstraps = policy.bootstrap(self.pre(self.obs[:1])) is not None
@@ -176,6 +178,7 @@ class Rollout:
 
     def _finish(self, i: int) -> tuple[float, int]:
         ret, length = float(self.ep_return[i]), int(self.ep_length[i])
+        self.finished_envs.append(int(i))
         self.ep_return[i] = 0.0
         self.ep_length[i] = 0
         if self.ep_components is not None:
@@ -221,9 +224,10 @@ class Rollout:
             return np.ascontiguousarray(buf.swapaxes(0, 1)).reshape(T * n, *buf.shape[2:])
 
         arrays = {key: env_major(buf) for key, buf in bufs.items()}
+        envs, self.finished_envs = self.finished_envs, []
         return Chunk(arrays, version, returns, lengths, episode_segments(done_buf),
                      self._take_timers(), self._take_components(),
-                     obs_moments=self.take_moments())
+                     obs_moments=self.take_moments(), episode_envs=envs)
 
     # -- episodes mode ----------------------------------------------------------------------
 
@@ -247,9 +251,11 @@ class Rollout:
         # finished_components is filled in the order episodes finish, like _done_eps
         comps = self.finished_components[:len(episodes)]
         del self.finished_components[:len(episodes)]
+        envs = self.finished_envs[:len(episodes)]
+        del self.finished_envs[:len(episodes)]
         return Chunk(arrays, min(ep[3] for ep in episodes), [ep[1] for ep in episodes],
                      [ep[2] for ep in episodes], segments, self._take_timers(), comps,
-                     obs_moments=self.take_moments())
+                     obs_moments=self.take_moments(), episode_envs=envs)
 
     def _extract(self, i: int, last: int) -> tuple[dict[str, np.ndarray], float, int, int]:
         """Env i's episode that ended at absolute step `last`: (rows, return, length, oldest

@@ -56,8 +56,16 @@ from shared.schemas import (
     Role,
     TaskAccepted,
     TaskEnvelope,
+    VideoReport,
 )
-from shared.storage import Storage, StorageError, evaluated_blob, open_storage
+from shared.storage import (
+    Storage,
+    StorageError,
+    evaluated_blob,
+    open_storage,
+    video_blob,
+    video_gif_blob,
+)
 from shared.worker import WorkerService
 
 if TYPE_CHECKING:
@@ -206,6 +214,7 @@ class CollectorService(WorkerService):
         self.policy_version = -1
         self.policy_loads = 0
         self.evaluations_run = 0
+        self._video_off = False  # this env could not render: warned once, no more videos
         self.chunks_written = 0
         self.chunks_reported = 0
         self.adder: StorageAdder | None = None
@@ -383,7 +392,7 @@ class CollectorService(WorkerService):
                 adder.add(chunk.arrays, chunk.policy_version, chunk.episode_returns,
                           chunk.episode_lengths, chunk.segments, chunk.timers,
                           chunk.episode_return_components, chunk.games,
-                          chunk.opponents_skipped, chunk.obs_moments)
+                          chunk.opponents_skipped, chunk.obs_moments, chunk.episode_envs)
                 self.games_played += len(chunk.games)
                 if adder.chunks_reported:  # the first chunk is in: torch may have the GIL
                     self.torch.start()
@@ -467,13 +476,35 @@ class CollectorService(WorkerService):
                 returns=returns, lengths=lengths)
         self.evaluations_run += 1
         try:
+            video = self._record(task, policy, storage) if task.video else None
             storage.put_blob(evaluated_blob(task.task_id), encode_weights(
                 policy.policy_state(), {"policy_version": str(policy.version)}))
             self.agent.client.post(f"{API}/evaluations", EvaluationReport(
                 worker_id=self.agent.worker_id, task_id=task.task_id,
-                policy_version=policy.version, **runs))
+                policy_version=policy.version, video=video, **runs))
         except (HttpError, StorageError) as err:
             log.warning("could not report evaluation %s: %s", task.task_id, err)
+
+    def _record(self, task: EvaluateTask, policy: Policy, storage: Storage
+                ) -> VideoReport | None:
+        """The video the evaluation asked for, in storage; None (and one warning per
+        process) when this env cannot render or the video extra is missing."""
+        cfg = self.wait_config()
+        if cfg.eval.video is None or self._video_off:
+            return None
+        from collector.video import record  # imageio only where videos are recorded
+        from shared.video import VideoUnavailable
+
+        try:
+            rec = record(cfg.env, policy, cfg.eval.video, task.seed)
+        except VideoUnavailable as err:
+            self._video_off = True
+            log.warning("no evaluation videos from this collector: %s", err)
+            return None
+        storage.put_blob(video_blob(task.task_id), rec.mp4)
+        storage.put_blob(video_gif_blob(task.task_id), rec.gif)
+        return VideoReport(frames=rec.frames, fps=cfg.eval.video.fps,
+                           episodes=len(rec.returns), returns=rec.returns)
 
     def _evaluate_battles(self, cfg: RunConfig, task: EvaluateTask, policy: Policy,
                           weights: StorageWeightSource, pool: OpponentPool,

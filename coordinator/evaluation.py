@@ -39,11 +39,13 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import Storage, evaluated_blob
+from shared.storage import Storage, evaluated_blob, video_blob, video_gif_blob
 
 log = logging.getLogger("rlfleet.coordinator")
 
 EVAL_TIMEOUT_S = 120.0
+VIDEO_DIR = "videos"  # in the run dir
+ShowVideo = Callable[[str, int, Path, "bytes | None", int], None]
 EVALUATION_WINDOW = 500  # evaluations kept in memory and in snapshots (`GET /evaluations`)
 
 
@@ -80,7 +82,8 @@ class EvaluationSchedule:
     def __init__(self, cfg: RunConfig, tasks: TaskTable, members: Membership, storage: Storage,
                  run_dir: Path | None, push: Callable[[TaskRecord], None],
                  battles: Callable[[], list[Opponent]] | None = None,
-                 solves: Callable[[EvaluationResult], str | None] | None = None) -> None:
+                 solves: Callable[[EvaluationResult], str | None] | None = None,
+                 show_video: ShowVideo | None = None) -> None:
         self.cfg = cfg
         self.tasks = tasks
         self.members = members
@@ -89,6 +92,7 @@ class EvaluationSchedule:
         self._push = push  # hands a task to the coordinator's commander
         self._battles = battles  # self-play: whom an evaluation plays
         self._solves = solves  # self-play: why an evaluation solves the run (its win rates)
+        self._show_video = show_video  # the run's logger: TensorBoard and W&B
         # The newest evaluations only: a week of frequent evaluations is a million results,
         # and every snapshot copies what is kept. The whole history is in metrics.jsonl.
         self.evaluations: deque[EvaluationResult] = deque(maxlen=EVALUATION_WINDOW)
@@ -123,12 +127,14 @@ class EvaluationSchedule:
         worker = collectors[self._rr % len(collectors)]
         self._rr += 1
         ev = self.cfg.eval
+        video = (ev.video is not None and self._battles is None
+                 and (self._rr - 1) % ev.video.every_evaluations == 0)
         task = EvaluateTask(task_id=self.tasks.new_id(TaskKind.EVALUATE),
                             policy_version=policy_version, episodes=ev.episodes,
                             num_envs=min(ev.num_envs, ev.episodes),
                             seed=self.cfg.seed * 7919 + self._rr,
                             stochastic=ev.stochastic and self._battles is None,
-                            battles=self._battles() if self._battles else [])
+                            battles=self._battles() if self._battles else [], video=video)
         if ev.every_env_steps is not None:
             self.next_eval_at = env_steps + ev.every_env_steps
         if ev.every_train_iterations is not None:
@@ -172,6 +178,8 @@ class EvaluationSchedule:
             length_mean=det.length_mean, wall_time=wall_time,
             deterministic=det, stochastic=sto, battles=battle_rates(req.battles),
             seq=self.total + 1)
+        if req.video is not None:
+            result.video = self._keep_video(result, req.video.fps)
         self.tasks.end(req.task_id, TaskState.FINISHED)
         self.total += 1
         self.evaluations.append(result)
@@ -224,13 +232,42 @@ class EvaluationSchedule:
                               missed=max(0, oldest - 1 - since),
                               more=start + limit < len(held))
 
-    def forget_evaluated(self, task_id: str) -> None:
-        """Delete the weights an evaluation stored: once reported, and when it failed or was
-        cut short (its report will never come, and nothing else would delete them)."""
+    def _keep_video(self, result: EvaluationResult, fps: int) -> str | None:
+        """The evaluation's video from storage to `<run-dir>/videos/` and the run's logger;
+        its path relative to the run dir. Trouble is logged, never raised: a video must not
+        fail the evaluation it shows."""
+        if self.run_dir is None:
+            return None
         try:
-            self.storage.delete_blob(evaluated_blob(task_id))
-        except Exception:  # an orphaned blob is harmless; logged for the operator
-            log.exception("could not delete the weights of evaluation %s", task_id)
+            mp4 = self.storage.get_blob(video_blob(result.task_id))
+            gif = self.storage.get_blob(video_gif_blob(result.task_id))
+            if mp4 is None:
+                log.warning("evaluation %s reported a video that is not in storage",
+                            result.task_id)
+                return None
+            rel = Path(VIDEO_DIR) / (f"eval-{result.seq:05d}-v{result.policy_version}-"
+                                     f"{result.env_steps}.mp4")
+            path = self.run_dir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(mp4)
+            tmp.replace(path)
+        except Exception:
+            log.exception("could not keep the video of evaluation %s", result.task_id)
+            return None
+        if self._show_video is not None:
+            self._show_video("eval/video", result.env_steps, path, gif, fps)
+        return rel.as_posix()
+
+    def forget_evaluated(self, task_id: str) -> None:
+        """Delete the weights (and video) an evaluation stored: once reported, and when it
+        failed or was cut short (its report will never come, and nothing else would delete
+        them)."""
+        for blob in (evaluated_blob(task_id), video_blob(task_id), video_gif_blob(task_id)):
+            try:
+                self.storage.delete_blob(blob)
+            except Exception:  # an orphaned blob is harmless; logged for the operator
+                log.exception("could not delete %s of evaluation %s", blob, task_id)
 
     # -- snapshots --------------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ def _describe(spec, func: Callable) -> Callable:
         validation_error_status=min(codes) if codes else status)(func)
 
 
-_generated: dict[str, Any] | None = None
+_generated: dict[str, dict[str, Any]] = {}  # by title: the routes of one kind of app
 _lock = threading.Lock()
 
 
@@ -143,14 +143,17 @@ def _generate(app: Flask) -> dict[str, Any]:
         return spec.spec
 
 
-def openapi_document(app: Flask) -> dict[str, Any]:
-    """The document of `app`'s routes, generated once per process (the routes are the
-    same in every coordinator app)."""
-    global _generated
+def openapi_document(app: Flask, title: str = "rlfleet coordinator",
+                     description: str = "The coordinator's control plane. Every error answer "
+                     "is an `ErrorBody`.") -> dict[str, Any]:
+    """The document of `app`'s routes, generated once per process and `title` (the routes
+    are the same in every coordinator app; the policy server has a title of its own)."""
     with _lock:
-        if _generated is None:
-            _generated = _generate(app)
-    doc = copy.deepcopy(_generated)
+        if title not in _generated:
+            generated = _generate(app)
+            generated["info"].update(title=title, description=description)
+            _generated[title] = generated
+    doc = copy.deepcopy(_generated[title])
     schemas = doc["components"]["schemas"]
     for operations in doc["paths"].values():
         for op in operations.values():

@@ -152,6 +152,10 @@ class RunLog:
         with self._lock:
             self._log("eval", result.env_steps, scalars)
 
+    def on_video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
+        if self.logger is not None:
+            self.logger.video(tag, step, mp4, gif, fps)
+
     def on_tick(self, env_steps: int, scalars: Mapping[str, float]) -> None:
         with self._lock:
             self._log("info", env_steps, scalars)

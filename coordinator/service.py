@@ -26,6 +26,7 @@ from pathlib import Path
 from coordinator.admission import WorkerNetworks
 from coordinator.commander import Commander
 from coordinator.durability import Durability
+from coordinator.episodes import EpisodeTable
 from coordinator.evaluation import EvaluationSchedule
 from coordinator.learner_group import LearnerGroup, StaleGeneration
 from coordinator.matchmaking import Matchmaker
@@ -132,7 +133,8 @@ class Coordinator:
         self.eval_schedule = EvaluationSchedule(
             cfg, self.tasks, self.members, self.storage, self.run_dir, self.commander.push,
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
-            solves=self.matchmaker.solved if self.matchmaker else None)
+            solves=self.matchmaker.solved if self.matchmaker else None,
+            show_video=lambda *video: self.runlog.on_video(*video))
         self.durability = Durability(
             cfg, self.storage, self.storage_url, clock, self._cond, self.replay,
             counters=self._counters, restore_counters=self._restore_counters,
@@ -142,6 +144,8 @@ class Coordinator:
         if not resumed:
             self.durability.discard_journals()
         self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
+        self.episode_table = EpisodeTable(cfg.name, self.run_dir if cfg.logging.episodes
+                                          else None)
         self.readout = Readout(self)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -167,6 +171,7 @@ class Coordinator:
         if self.matchmaker is not None:
             self.matchmaker.write_view(self.clock(), final=True)
         self.runlog.close()
+        self.episode_table.close()
         self.storage.close()
 
     @property
@@ -365,6 +370,9 @@ class Coordinator:
             self.durability.release(dead)
         if fresh:
             self.runlog.on_chunks(fresh, env_steps, self.rates()[0], version)
+            self.episode_table.on_chunks(req.worker_id, req.task_id,
+                                         self._task_seed(req.task_id), fresh, env_steps,
+                                         time.time())
         if self.eval_schedule.due(self.env_steps, self.train_iterations):
             self._wake.set()
         # self-play: as many new opponents as games reported (a retried report too: its
@@ -374,6 +382,12 @@ class Coordinator:
         return ChunkReportResponse(accepted=len(fresh), env_steps=env_steps,
                                    throttle_s=0.05 if throttle else 0.0, stop=self.stopped,
                                    opponents=opponents)
+
+    def _task_seed(self, task_id: str) -> int | None:
+        try:
+            return getattr(self.tasks.get(task_id).task, "seed", None)
+        except UnknownTask:  # forgotten meanwhile (only the newest ended tasks are kept)
+            return None
 
     def _replay_event(self, event: dict) -> None:
         """A journalled change that is not a chunk report, replayed by a restore (with
@@ -560,9 +574,11 @@ class Coordinator:
     def report_evaluation(self, req: EvaluationReport) -> EvaluationResult:
         self.members.touch(req.worker_id)
         self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
+        seed = self._task_seed(req.task_id)
         result = self.eval_schedule.report(req, self.env_steps, self.train_iterations,
                                            self.clock() - self.started_at,
                                            self.runlog.on_evaluation)
+        self.episode_table.on_evaluation(req, seed, result.env_steps, time.time())
         stop_value = self.cfg.eval.stop_value
         if stop_value is not None and result.return_mean >= stop_value:
             self.solved = True

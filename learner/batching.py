@@ -3,6 +3,8 @@
 One sample response names U chunks and B batches drawn from one or more buffers (parts).
 The chunks' columns are concatenated once (U x chunk rows), then each field of every part is
 a single fancy-index: no Python loop over items. Sequence parts index (B, n, L) rows at once.
+A run's `BatchTransforms` (`learner/transforms.py`: n-step returns, hindsight relabelling,
+per-buffer rewards) compute their fields on the way, just as vectorised.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from learner.sampling import DEFAULT_FIELDS, part_rows
+from learner.transforms import BatchTransforms
 from shared.frames import take, unpack
 
 
@@ -42,25 +45,35 @@ def _columns(chunks: Sequence[Mapping[str, np.ndarray]], fields: Sequence[str]
 
 def assemble(chunks: Sequence[Mapping[str, np.ndarray]], parts: Sequence[Any],
              num_batches: int, fields: Sequence[str] = DEFAULT_FIELDS,
-             by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
+             by_key: bool = False, transforms: BatchTransforms | None = None
+             ) -> list[Batch] | list[dict[str, Batch]]:
     """`chunks[k]` is the decoded chunk that index k of the response names.
 
     Mix mode (`by_key=False`): batch b is the concatenation of every part's batch b.
     Dict mode: batch b is {part.key: that part's batch b}.
     """
-    columns, offsets = _columns(chunks, fields)
-    return assemble_from(columns, offsets, parts, num_batches, fields, by_key)
+    stored = (fields if transforms is None or not transforms.active
+              else list(dict.fromkeys(transforms.columns_needed(fields))))
+    columns, offsets = _columns(chunks, stored)
+    return assemble_from(columns, offsets, parts, num_batches, fields, by_key, transforms)
 
 
 def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts: Sequence[Any],
                   num_batches: int, fields: Sequence[str] = DEFAULT_FIELDS,
-                  by_key: bool = False) -> list[Batch] | list[dict[str, Batch]]:
+                  by_key: bool = False, transforms: BatchTransforms | None = None
+                  ) -> list[Batch] | list[dict[str, Batch]]:
     """As `assemble`, with chunk k's rows starting at `columns[f][offsets[k]]` (the layout a
     `ChunkArena` keeps, so no chunk is copied per request)."""
+    if transforms is not None:
+        fields = transforms.fields(fields)
     per_part = []
     for part in parts:
         flat = part_rows(part, offsets)
-        data = {f: torch.from_numpy(take(columns, f, flat)) for f in fields}
+        if transforms is None:
+            arrays = {f: take(columns, f, flat) for f in fields}
+        else:
+            arrays = transforms.gather(columns, flat, fields, part.buffer)
+        data = {f: torch.from_numpy(a) for f, a in arrays.items()}
         weights = (None if part.weights is None
                    else torch.as_tensor(np.asarray(part.weights, dtype=np.float32)))
         per_part.append((part, data, weights, np.asarray(part.item_ids, dtype=np.int64)))

@@ -41,6 +41,7 @@ import numpy as np
 
 from learner.sampling import SampleLoop, batch_fields, part_rows
 from learner.shm import SHM_DIR, new_region
+from learner.transforms import BatchTransforms
 from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
 from shared.frames import field_layout, take
 from shared.schemas import MixShare, SampleResponse
@@ -142,8 +143,17 @@ class ShmWriter(SampleLoop):
             size += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
         fields = batch_fields(columns)
+        transforms = self.transforms
+        computed: list[dict[str, np.ndarray]] | None = None
+        if transforms is not None and not all(transforms.plain(p.buffer) for p in resp.parts):
+            fields = transforms.fields(fields)  # n-step, relabelled, rewards set: computed
+            computed = [transforms.gather(columns, flat, fields, part.buffer)
+                        for part, flat in zip(resp.parts, flats, strict=True)]
         for f in fields:
-            dtype, row_shape = field_layout(columns, f)
+            if computed is None:
+                dtype, row_shape = field_layout(columns, f)
+            else:
+                dtype, row_shape = computed[0][f].dtype, computed[0][f].shape[flats[0].ndim:]
             place(f, dtype, (num_batches, total, *inner, *row_shape))
         prioritized = any(p.weights is not None for p in resp.parts)
         if prioritized:
@@ -160,7 +170,10 @@ class ShmWriter(SampleLoop):
 
         for f in fields:
             dest = view(f)
-            if len(flats) == 1:
+            if computed is not None:
+                for arrays, flat, start in zip(computed, flats, starts, strict=True):
+                    dest[:, start:start + flat.shape[1]] = arrays[f]
+            elif len(flats) == 1:
                 take(columns, f, flats[0], out=dest)
             else:
                 for flat, start in zip(flats, starts, strict=True):
@@ -226,7 +239,9 @@ def main() -> int:
         settings["batches_per_request"], settings["cache_size"],
         mix=[MixShare(**m) for m in settings["mix"]] if settings["mix"] else None,
         group_generation=settings["group_generation"], cursor=settings["cursor"],
-        depth=settings["depth"], out=out)
+        depth=settings["depth"], out=out,
+        transforms=(BatchTransforms(**settings["transforms"]) if settings.get("transforms")
+                    else None))
     relay = WeightRelay(storage, writer.send)
     threading.Thread(target=writer.listen, args=(sys.stdin, relay), name="inbox",
                      daemon=True).start()
@@ -254,7 +269,10 @@ class DataProcess:
     def __init__(self, coordinator_url: str, storage_url: str, run: str, worker_id: str,
                  batch_size: int, batches_per_request: int, depth: int, cache_size: int,
                  mix: list[MixShare] | None = None, group_generation: int | None = None,
-                 cursor: int = 0, start_timeout_s: float = 60.0) -> None:
+                 cursor: int = 0, start_timeout_s: float = 60.0,
+                 transforms: BatchTransforms | None = None) -> None:
+        """`transforms`: what the data process does to sampled rows (n-step returns, HER,
+        per-buffer rewards); it makes its own from their settings."""
         import torch  # noqa: F401  (the learner's side only)
 
         self.settings = {"coordinator": coordinator_url, "storage": storage_url, "run": run,
@@ -262,7 +280,10 @@ class DataProcess:
                          "batches_per_request": batches_per_request, "depth": depth,
                          "cache_size": cache_size,
                          "mix": [m.model_dump() for m in mix] if mix else None,
-                         "group_generation": group_generation, "cursor": cursor}
+                         "group_generation": group_generation, "cursor": cursor,
+                         "transforms": (transforms.settings()
+                                        if transforms is not None and transforms.active
+                                        else None)}
         self.start_timeout_s = start_timeout_s
         self.stop_run = threading.Event()
         self.group_ended = threading.Event()

@@ -45,7 +45,8 @@ class Prefetcher(SampleLoop):
     def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
                  offsets: np.ndarray) -> list:
         return assemble_from(columns, offsets, resp.parts, resp.num_batches,
-                             batch_fields(columns), by_key=self.by_buffer is not None)
+                             batch_fields(columns), by_key=self.by_buffer is not None,
+                             transforms=self.transforms)
 
     def hand(self, batches: list) -> None:
         while not self._closing.is_set():

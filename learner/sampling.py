@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from learner.arena import ChunkArena
+from learner.transforms import BatchTransforms
 from shared.codec import CodecError, decode_arrays
 from shared.http import HttpClient, HttpError
 from shared.sample_wire import MEDIA_TYPE, decode_sample
@@ -66,8 +67,12 @@ class SampleLoop:
                  batches_per_request: int, cache_size: int,
                  mix: list[MixShare] | None = None,
                  by_buffer: dict[str, int] | None = None,
-                 group_generation: int | None = None, cursor: int = 0) -> None:
+                 group_generation: int | None = None, cursor: int = 0,
+                 transforms: BatchTransforms | None = None) -> None:
+        """`transforms`: n-step returns, hindsight relabelling, per-buffer rewards, applied
+        as batches are assembled (`learner/transforms.py`); None: rows as stored."""
         self.client = client
+        self.transforms = transforms
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.batches_per_request = batches_per_request

@@ -31,7 +31,9 @@ from learner.prefetch import Prefetcher
 from learner.publisher import PublishConflict, Publisher
 from learner.reporter import Reporter
 from learner.rollouts import RolloutFeeder
+from learner.transforms import BatchTransforms
 from shared.algos.base import Policy, make_policy
+from shared.algos.reward_model import with_reward_model
 from shared.config import ConfigError, RunConfig
 from shared.envs import run_spec
 from shared.http import HttpError
@@ -219,7 +221,10 @@ class LearnerService(WorkerService):
         sys.setswitchinterval(0.0005)
         cfg = self.wait_config()
         assert self.task is not None
-        policy = make_policy(cfg.algo, run_spec(cfg), self.task.seed)
+        spec = run_spec(cfg)
+        # algo.reward_model: every batch's rewards are rewritten before `learn` uses them
+        policy = with_reward_model(make_policy(cfg.algo, spec, self.task.seed), cfg.algo,
+                                   spec, self.task.seed)
         queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
         if policy.on_policy and (len(cfg.learner.mix) != 1 or not queues):
             raise ConfigError("learner.mix: an on-policy algorithm learns from whole chunks "
@@ -430,16 +435,21 @@ class LearnerService(WorkerService):
         assert self.assignment is not None
         mix = [MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
         generation = self.assignment.generation if self.world_size > 1 else None
+        # n-step returns, hindsight relabelling, per-buffer rewards (learner/transforms.py)
+        transforms = BatchTransforms.from_config(
+            cfg, seed=(self.task.seed if self.task else cfg.seed) * 1009
+            + (self.assignment.rank or 0))
         if cfg.learner.data_process:
             return DataProcess(
                 self.agent.client.base_url, self.storage_url, cfg.name, self.agent.worker_id,
                 cfg.algo.batch_size, cfg.learner.batches_per_request,
                 cfg.learner.prefetch_requests, cfg.learner.chunk_cache, mix=mix,
-                group_generation=generation).start()
+                group_generation=generation, transforms=transforms).start()
         return Prefetcher(
             self.agent.client, storage, self.agent.worker_id, cfg.algo.batch_size,
             cfg.learner.batches_per_request, cfg.learner.chunk_cache, mix=mix,
-            group_generation=generation, depth=cfg.learner.prefetch_requests).start()
+            group_generation=generation, depth=cfg.learner.prefetch_requests,
+            transforms=transforms).start()
 
     def _learn_info(self, policy: Policy) -> Callable[[], LearnInfo]:
         """A report's snapshot, taken on the training thread; the body is built on the

@@ -9,6 +9,8 @@
     rlfleet scaler --coordinator URL                          # compose: collectors as containers
     rlfleet single --config PATH                               # no HTTP, no storage
     rlfleet battle RUN_DIR [--games N]                         # a self-play policy vs bots
+    rlfleet play RUN_DIR [--episodes N] [--video out.mp4] [--stochastic] [--seed S]
+    rlfleet serve-policy RUN_DIR --port P [--host H] [--threads N]   # POST /act
     rlfleet check --config PATH                                # build its env and policy
 
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
@@ -197,10 +199,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from services.plot import plot_run
+    from services.plot import plot
 
     try:
-        result = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
+        result = plot([Path(d) for d in args.run_dir], Path(args.out) if args.out else None)
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(str(err)) from None
     print(f"{result.path}: {', '.join(result.series)}")
@@ -213,6 +215,23 @@ def cmd_battle(args: argparse.Namespace) -> int:
     print_battle(battle_run(Path(args.run_dir), args.games, args.seed,
                             Path(args.policy) if args.policy else None))
     return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    """A run's best policy playing its env (`services/play.py`)."""
+    from services.play import play_run, print_played
+
+    print_played(play_run(Path(args.run_dir), args.episodes, args.video, args.stochastic,
+                          args.seed))
+    return 0
+
+
+def cmd_serve_policy(args: argparse.Namespace) -> int:
+    """A run's best policy over HTTP (`services/policy_server.py`)."""
+    from services.policy_server import serve_policy
+
+    _setup_logging("serve-policy")
+    return serve_policy(Path(args.run_dir), args.host, args.port, args.threads)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -383,8 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--limit", type=int, default=None, help="the first N episodes kept")
     ex.set_defaults(func=cmd_export)
 
-    pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG")
-    pl.add_argument("run_dir", help="runs/<name>")
+    pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG; "
+                        "several runs: their returns on shared axes")
+    pl.add_argument("run_dir", nargs="+", help="runs/<name> (several: compared, with --out)")
     pl.add_argument("--out", default=None, help="default: <run_dir>/curves.png")
     pl.set_defaults(func=cmd_plot)
 
@@ -395,6 +415,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=12345)
     b.add_argument("--policy", default=None, help="default: <run_dir>/best_policy.safetensors")
     b.set_defaults(func=cmd_battle)
+
+    pp = sub.add_parser("play", help="a run's best policy playing the run's env: each "
+                        "episode's return and length")
+    pp.add_argument("run_dir", help="runs/<name>")
+    pp.add_argument("--episodes", type=int, default=10)
+    pp.add_argument("--video", default=None, help="write the first episode as MP4 here "
+                    "(the video extra)")
+    pp.add_argument("--stochastic", action="store_true", help="act as collectors do "
+                    "(sampled, epsilon-greedy) instead of as evaluated (deterministic)")
+    pp.add_argument("--seed", type=int, default=None, help="default: the run's seed")
+    pp.set_defaults(func=cmd_play)
+
+    sp = sub.add_parser("serve-policy", help="serve a run's best policy over HTTP: POST /act "
+                        "(observations in, actions out, batched)")
+    sp.add_argument("run_dir", help="runs/<name>")
+    sp.add_argument("--host", default=env("HOST", "127.0.0.1"))
+    sp.add_argument("--port", type=int, default=int(env("PORT", "8080")))
+    sp.add_argument("--threads", type=int, default=int(env("THREADS", "4")),
+                    help="HTTP threads (inference runs one batch at a time)")
+    sp.set_defaults(func=cmd_serve_policy)
 
     sc = sub.add_parser("scale", help="change the number of collectors or learners of a "
                         "running run")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,14 @@ from collector.saver import as_episode, read_saved, run_rows
 from shared.config import ConfigError, RunConfig, load_config
 from shared.datasets import write_minari
 from shared.storage import open_storage
+
+if TYPE_CHECKING:
+    from shared.algos.base import Policy
+
+
+# The env step a trained policy acts at "as when collecting": past every exploration schedule
+# (DQN: epsilon at its final value).
+COLLECTING_ENV_STEP = 2**62
 
 
 @dataclass
@@ -92,14 +101,24 @@ class _Greedy:
         return getattr(self._policy, name)
 
 
-def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False
-                    ) -> Iterator[dict[str, np.ndarray]]:
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The resolved config `rlfleet up` wrote into a run directory."""
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
+    return load_config(config_path)
+
+
+def load_best_policy(cfg: RunConfig, run_dir: Path, seed: int | None = None
+                     ) -> tuple[Policy, int]:
+    """The run's best-evaluated policy (`best_policy.safetensors`), ready to act, and its
+    policy version. `seed` seeds its sampling (default: the run's seed). Acting is one
+    torch thread, as in a collector."""
     import torch
 
-    from collector.rollout import Rollout
     from shared.algos.base import make_policy
     from shared.codec import decode_weights
-    from shared.envs import make_vector_env, run_spec
+    from shared.envs import run_spec
 
     best = run_dir / "best_policy.safetensors"
     if not best.is_file():
@@ -107,14 +126,24 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool =
                           "evaluated)")
     torch.set_num_threads(1)
     state, meta = decode_weights(best.read_bytes())
-    policy = make_policy(cfg.algo, run_spec(cfg), cfg.seed)
-    policy.load_policy(int(meta.get("policy_version", 0)), state)
+    version = int(meta.get("policy_version", 0))
+    policy = make_policy(cfg.algo, run_spec(cfg), cfg.seed if seed is None else seed)
+    policy.load_policy(version, state)
+    return policy, version
+
+
+def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False
+                    ) -> Iterator[dict[str, np.ndarray]]:
+    from collector.rollout import Rollout
+    from shared.envs import make_vector_env
+
+    policy, _ = load_best_policy(cfg, run_dir)
     envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
     try:
         rollout = Rollout(envs, _Greedy(policy) if greedy else policy, mode="episodes",
                           episodes_per_chunk=1)
         for _ in range(episodes):
-            yield from _runs(rollout.collect(2**62).arrays, True)
+            yield from _runs(rollout.collect(COLLECTING_ENV_STEP).arrays, True)
     finally:
         envs.close()
 
@@ -126,10 +155,7 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
     from shared.envs import make_vector_env
 
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
-    cfg = load_config(config_path)
+    cfg = read_run_config(run_dir)
     if cfg.league is not None:
         raise ConfigError("rlfleet export: self-play runs are two-player games, not Minari's "
                           "single-agent episodes")

@@ -407,9 +407,9 @@ class LocalCluster:
 
 
 def names_code(cfg: RunConfig) -> bool:
-    """Whether a config names code by import path (`algo.policy`, or an `env.id` such as
-    `package.module:Env`): only importing and building it can check it."""
-    return bool(cfg.algo.policy) or ":" in cfg.env.id
+    """Whether a config names code by import path (`algo.policy`, `algo.reward_model`, or an
+    `env.id` such as `package.module:Env`): only importing and building it can check it."""
+    return bool(cfg.algo.policy) or cfg.algo.reward_model is not None or ":" in cfg.env.id
 
 
 def check_config(cfg: RunConfig, path: Path | str) -> None:
@@ -432,6 +432,9 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
             raise ConfigError(text.removeprefix("rlfleet check: "))
         last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
         raise ConfigError(f"building what {path} names failed: {last}")
+
+
+LAUNCH_FILE = "launch.json"  # the worker counts a run was started with
 
 
 def _resolve(args) -> tuple[Path, Path, str, dict]:
@@ -490,8 +493,10 @@ def _resolve_resume(args) -> tuple[Path, Path, str, dict]:
     if stop != cfg.stop.model_dump():
         cfg = cfg.with_overrides(stop=stop)
         config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    previous = run_dir / "summary.json"
-    before = json.loads(previous.read_text()) if previous.is_file() else {}
+    # summary.json is written as a run ends; a run killed before then left launch.json
+    previous = next((p for p in (run_dir / "summary.json", run_dir / LAUNCH_FILE)
+                     if p.is_file()), None)
+    before = json.loads(previous.read_text()) if previous is not None else {}
     # The coordinator restores the last `rlfleet scale` wish; a count given here replaces it.
     args.collectors_given = args.collectors is not None
     if args.collectors is None:
@@ -607,6 +612,9 @@ def up(args) -> int:
     console = Console(stderr=True, soft_wrap=True)
     resume = getattr(args, "resume", False)
     config_path, run_dir, storage, cfg = _resolve_resume(args) if resume else _resolve(args)
+    # What a resume of a run killed before its summary starts again with.
+    (run_dir / LAUNCH_FILE).write_text(json.dumps(
+        {"collectors": args.collectors, "learners": getattr(args, "learners", None)}))
     # Where start-up time goes, from the launch (`summary.json`: `startup_s`).
     startup = {"config_checked": time.monotonic() - launched}
     cluster = LocalCluster(config_path, run_dir, storage, collector_nice=args.collector_nice,
@@ -791,6 +799,9 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
     latest = s.get("latest_evaluation") or {}
     best = s.get("best_evaluation") or {}
     best_policy = args_run_dir / "best_policy.safetensors" if args_run_dir else None
+    videos = (sorted(p.relative_to(args_run_dir).as_posix()
+                     for p in (args_run_dir / "videos").glob("*.mp4"))
+              if args_run_dir else [])
     return {
         "solved": bool(s.get("run", {}).get("solved", False)),
         "outcome": outcome,
@@ -802,6 +813,9 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "best_eval_return": best.get("return_mean"),
         "best_policy_version": best.get("policy_version"),
         "best_policy": str(best_policy) if best_policy and best_policy.exists() else None,
+        # eval.video: every evaluation's video (videos/eval-<seq>-v<version>-<steps>.mp4)
+        "videos": videos,
+        "best_video": (best or {}).get("video"),
         "stop_value": s.get("run", {}).get("stop_value"),
         "env_steps": counters.get("env_steps", 0),
         "train_iterations": counters.get("train_iterations", 0),

@@ -1,5 +1,8 @@
 """`rlfleet plot RUN_DIR`: a run's learning curves and where its iterations' time goes, as one PNG.
 
+`rlfleet plot RUN_DIR RUN_DIR ... --out PNG` compares runs instead: their evaluation and
+collect returns against env steps on shared axes, one colour per config (`plot_runs`).
+
 Three panels from `<run_dir>/metrics.jsonl`: returns against env steps (sample efficiency),
 the same returns against wall time (what distribution buys), and, per worker role, a stacked
 bar of its mean timers (what to optimise next). A self-play run adds its league
@@ -12,6 +15,7 @@ global state, so it is safe in a server thread.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -192,13 +196,83 @@ def plot_run(run_dir: Path, out: Path | None = None) -> PlotResult:
     return result
 
 
+def _config_group(run_dir: Path) -> str:
+    """What a run's config.yaml says besides its name, seed, storage and stop rule: runs that
+    agree on it (one config's seeds) share a colour in a comparison."""
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return run_dir.name
+    if not isinstance(cfg, dict):
+        return run_dir.name
+    rest = {k: v for k, v in cfg.items() if k not in ("name", "seed", "storage", "stop")}
+    return json.dumps(rest, sort_keys=True, default=str)
+
+
+COMPARED = (("eval/deterministic/return_mean", "evaluation return (deterministic)"),
+            ("collect/return_mean", "collect return (mean of episodes)"))
+
+
+def plot_runs(run_dirs: list[Path], out: Path) -> PlotResult:
+    """Several runs on shared axes, against env steps: the deterministic evaluation return
+    (left) and the collect return (right), one line per run labelled by its directory; runs
+    of the same config (seeds aside) share a colour, so a config's seeds read as one bundle
+    beside another's."""
+    runs = [(Path(d), load_run(Path(d))) for d in run_dirs]
+    fig = Figure(figsize=(13, 5.1), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    palette = colormaps["tab10"]
+    colours: dict[str, object] = {}
+    result = PlotResult(path=Path(out))
+    stops = {stop_value(d) for d, _ in runs}
+    for run_dir, run in runs:
+        label = run_dir.name
+        colour = colours.setdefault(_config_group(run_dir), palette(len(colours) % 10))
+        drawn = False
+        for ax, (key, _) in zip(axes, COMPARED, strict=True):
+            if key not in run:
+                continue
+            steps, values, _ = run.series(key)
+            ax.plot(steps, values, "o-" if key.startswith("eval/") else "-", color=colour,
+                    label=label, markersize=3, linewidth=1.3, alpha=0.85)
+            drawn = True
+        if drawn:
+            result.series.append(label)
+    if not result.series:
+        raise ValueError("nothing to plot: none of the runs logged "
+                         + " or ".join(k for k, _ in COMPARED))
+    stop = next(iter(stops)) if len(stops) == 1 else None  # one line only if all agree
+    for ax, (_, title) in zip(axes, COMPARED, strict=True):
+        if stop is not None:
+            ax.axhline(stop, color="0.3", linestyle="--", linewidth=1,
+                       label=f"stop value {stop:g}")
+        ax.set(title=f"{title} against env steps", xlabel="env steps", ylabel="return")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"{len(result.series)} runs of {len(colours)} configs", fontsize=12)
+    fig.tight_layout()
+    result.path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(result.path, dpi=110)
+    return result
+
+
+def plot(run_dirs: list[Path], out: Path | None = None) -> PlotResult:
+    """One run: `plot_run`. Several: `plot_runs`, which needs `out`."""
+    if len(run_dirs) == 1:
+        return plot_run(run_dirs[0], out)
+    if out is None:
+        raise ValueError("comparing several runs needs --out PNG")
+    return plot_runs(run_dirs, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlfleet plot", description=__doc__.split("\n")[0])
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, nargs="+", help="one run; several: compared")
     p.add_argument("--out", type=Path, default=None, help="default: <run_dir>/curves.png")
     args = p.parse_args(argv)
     try:
-        result = plot_run(args.run_dir, args.out)
+        result = plot(args.run_dir, args.out)
     except (FileNotFoundError, ValueError) as err:
         print(f"rlfleet plot: {err}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -31,11 +31,14 @@ from learner.batching import assemble_from
 from learner.feedback import PriorityFeedback
 from learner.rollouts import concat_chunks
 from learner.sampling import batch_fields
+from learner.transforms import BatchTransforms
 from shared.algos.base import Policy, make_policy
+from shared.algos.reward_model import with_reward_model
 from shared.codec import encode_weights
 from shared.config import ConfigError, RunConfig
 from shared.envs import EnvSpec, make_vector_env, run_spec
 from shared.frames import pack, packable
+from shared.goals import evaluate_goals
 from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
 from shared.storage import DirectoryStorage, snapshot_blob
 
@@ -55,6 +58,8 @@ class SingleResult:
     solved_s: float | None = None
     solved_env_steps: int | None = None
     games: int | None = None  # self-play: games played
+    eval_success: float | None = None  # goal-conditioned envs: the last evaluation's
+    evaluations: list[dict] = field(default_factory=list)  # env_steps, return (, success)
 
 
 class _Trainer:
@@ -72,6 +77,9 @@ class _Trainer:
         self.arena = ChunkArena(lambda ids: [chunks[c] for c in ids], cfg.learner.chunk_cache)
         self.pending: list[str] = []
         self.queue = cfg.learner.mix[0].buffer
+        # n-step returns, hindsight relabelling, per-buffer rewards, as the learner does
+        self.transforms = (None if learner.on_policy
+                           else BatchTransforms.from_config(cfg, seed=cfg.seed * 1009))
 
     def publish(self) -> None:
         self.version += 1
@@ -91,7 +99,8 @@ class _Trainer:
                                                 self.version)
             offsets = self.arena.offsets(chunk_ids)  # may (re)allocate columns: call first
             batches = assemble_from(self.arena.columns, offsets, parts, grant,
-                                    batch_fields(self.arena.columns))
+                                    batch_fields(self.arena.columns),
+                                    transforms=self.transforms)
             feedback = PriorityFeedback()
             for batch in batches:
                 out = learner.learn(batch.data, batch.weights)
@@ -188,7 +197,9 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
     eval_envs = (make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
                  if games is None else None)
     actor = make_policy(cfg.algo, spec, cfg.seed)
-    learner = make_policy(cfg.algo, spec, cfg.seed)
+    # algo.reward_model: as in the learner service, the learning side rewrites rewards
+    learner = with_reward_model(make_policy(cfg.algo, spec, cfg.seed), cfg.algo, spec,
+                                cfg.seed)
     replay = Replay(cfg)  # the coordinator's buffers and rate limiters, called directly
     c = cfg.collector
     rollout: Rollout | BattleRollout = (
@@ -201,6 +212,8 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
     every_it = cfg.eval.every_train_iterations or 0
     next_eval, next_eval_it = every, every_it
     eval_return: float | None = None
+    eval_success: float | None = None
+    evaluations: list[dict] = []
     solved = False
     t195 = s195 = t_solved = s_solved = None
     while True:
@@ -226,9 +239,16 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
             next_eval, next_eval_it = steps + every, learner.train_iterations + every_it
             if games is not None:
                 eval_return = games.evaluate(actor, cfg.seed + steps)
+            elif spec.goal is not None:  # goal-conditioned: success counted too
+                returns, successes = evaluate_goals(eval_envs, actor, cfg.eval.episodes,
+                                                    cfg.seed + steps)
+                eval_return, eval_success = float(np.mean(returns)), float(np.mean(successes))
             else:
                 returns, _ = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
                 eval_return = float(np.mean(returns))
+            evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
+                                "return": eval_return, **({} if eval_success is None
+                                                          else {"success": eval_success})})
             if progress:
                 progress(steps, learner.train_iterations, eval_return, time.monotonic() - start)
             if t195 is None and eval_return >= 195:
@@ -247,7 +267,8 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
         eval_envs.close()
     return SingleResult(solved, t195, s195, eval_return, rollout.env_steps,
                         learner.train_iterations, trainer.version, time.monotonic() - start,
-                        t_solved, s_solved, games.games if games is not None else None)
+                        t_solved, s_solved, games.games if games is not None else None,
+                        eval_success, evaluations)
 
 
 if __name__ == "__main__":  # quick manual runs: python -m services.single CONFIG [SEED]

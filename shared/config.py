@@ -80,9 +80,24 @@ class EnvConfig(_Frozen):
         return self
 
 
+class RewardModelConfig(_Frozen):
+    """A reward model (`shared/algos/reward_model.py`): the learner rewrites every batch's
+    rewards with it before the algorithm's loss, and trains it on the batch. Written as a
+    mapping, or as the bare import path when it takes no kwargs."""
+
+    path: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", description="import "
+                      "path 'package.module:Class'; built in: 'shared.algos.rnd:RND' (Random "
+                      "Network Distillation)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the class as "
+                                   "cls(env_spec, seed=seed, **kwargs)")
+
+
 class _AlgoBase(_Frozen):
     policy: str | None = Field(None, description="import path 'package.module:Class' of a "
                                "Policy to use instead of the built-in one")
+    reward_model: RewardModelConfig | None = Field(None, description="rewrite the rewards "
+                                                   "the algorithm trains on (an intrinsic "
+                                                   "bonus, a learned reward)")
     params: dict[str, Any] = Field(default_factory=dict, description="free-form settings for "
                                    "a user's own policy class")
     hidden_sizes: tuple[int, ...] = Field((128, 128), description="MLP widths")
@@ -90,6 +105,23 @@ class _AlgoBase(_Frozen):
     gamma: float = Field(0.99, ge=0, le=1)
     batch_size: int = Field(64, ge=1, le=65536, description="items per minibatch")
     max_grad_norm: float = Field(10.0, gt=0)
+
+    @field_validator("reward_model", mode="before")
+    @classmethod
+    def _reward_model_path(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+
+class HERConfig(_Frozen):
+    """Hindsight relabelling at sample time: k of every k + 1 sampled rows get as goal an
+    achieved goal of their own run, and their reward (and termination) from the env's
+    `compute_reward` (and `compute_terminated`); stored chunks stay as collected."""
+
+    strategy: Literal["future", "final"] = Field("future", description="future: the goal "
+                                                 "achieved after a uniformly drawn step from "
+                                                 "this one to the run's end; final: the one "
+                                                 "achieved at the run's end")
+    k: int = Field(4, ge=1, le=64, description="relabelled rows per original one")
 
 
 class DQNConfig(_AlgoBase):
@@ -104,6 +136,14 @@ class DQNConfig(_AlgoBase):
                                 "evaluation")
     priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| to make a "
                                 "priority, so no item is never replayed again")
+    n_step: int = Field(1, ge=1, le=100, description="n-step returns: each sampled row's "
+                        "target sums up to n discounted rewards of its run and bootstraps "
+                        "with gamma^m from the m-th next observation (never across an "
+                        "episode's end or a chunk's cut); computed by the learner at batch "
+                        "assembly")
+    her: HERConfig | None = Field(None, description="hindsight experience replay for "
+                                  "goal-conditioned envs (Dict observation, achieved_goal, "
+                                  "desired_goal): sampled rows are relabelled by the learner")
 
 
 class CQLConfig(DQNConfig):
@@ -242,6 +282,9 @@ class BufferConfig(_Frozen):
 class MixPart(_Frozen):
     buffer: str
     fraction: float = Field(gt=0, le=1)
+    reward: float | None = Field(None, description="every row drawn from this buffer gets "
+                                 "this reward (SQIL: expert 1, agent 0), set by the learner "
+                                 "at batch assembly; null: the stored rewards")
 
 
 def split_batch(batch_size: int, fractions: list[float]) -> list[int]:
@@ -298,6 +341,17 @@ class DatasetEvalConfig(_Frozen):
         return self
 
 
+class VideoConfig(_Frozen):
+    """Videos of the evaluated policy (`eval.video`): the `video` extra must be installed."""
+
+    every_evaluations: int = Field(1, ge=1, description="record every this many evaluations "
+                                   "(the first one included)")
+    fps: int = Field(30, ge=1, le=240)
+    episodes: int = Field(1, ge=1, le=10, description="deterministic episodes per video")
+    max_frames: int = Field(3000, ge=1, le=100_000, description="a video stops after this many "
+                            "frames (an episode that never ends must not fill memory)")
+
+
 class EvalConfig(_Frozen):
     every_env_steps: int | None = Field(5000, ge=1, description="evaluate every this many "
                                         "env steps")
@@ -314,6 +368,8 @@ class EvalConfig(_Frozen):
                                      "the run as solved")
     dataset: DatasetEvalConfig | None = Field(None, description="also score the policy on a "
                                               "dataset, as eval/dataset/<metric>")
+    video: VideoConfig | None = Field(None, description="record the evaluated policy to MP4 "
+                                      "(<run-dir>/videos/, TensorBoard, W&B)")
 
 
 class StopConfig(_Frozen):
@@ -355,6 +411,9 @@ class LoggingConfig(_Frozen):
                                            " collect, eval, update, info: each its interval")
     tensorboard: bool = True
     jsonl: bool = True
+    episodes: bool = Field(True, description="every finished episode as a row of "
+                           "episodes.jsonl (about 0.3 KB a row: a run of short episodes left "
+                           "for a week may want it off)")
     wandb: WandbConfig = WandbConfig()
 
     @model_validator(mode="after")

@@ -15,6 +15,11 @@ import gymnasium as gym
 import numpy as np
 
 from shared.config import AtariConfig, EnvConfig
+from shared.goals import FlattenGoalObs, GoalLayout, is_goal_space
+
+# The project's own envs, made by id like gymnasium's (`env.id: rlfleet/BitFlip-v0`).
+if "rlfleet/BitFlip-v0" not in gym.registry:
+    gym.register("rlfleet/BitFlip-v0", entry_point="shared.bitflip:BitFlipEnv")
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class EnvSpec:
     action_shape: tuple[int, ...] = ()    # continuous: shape of one action
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
+    goal: GoalLayout | None = None        # goal-conditioned: the flattened obs's parts
 
     @property
     def discrete(self) -> bool:
@@ -114,15 +120,43 @@ def make_atari(env_id: str, atari: AtariConfig, kwargs: dict[str, Any] | None = 
     return gym.wrappers.FrameStackObservation(env, stack_size=atari.frame_stack)
 
 
-def _make_one(cfg: EnvConfig) -> gym.Env:
-    """One env of a vector env (a module-level function: `async` workers may pickle it)."""
+def _make_one(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env of a vector env (a module-level function: `async` workers may pickle it);
+    `render_mode="rgb_array"` for one that records videos."""
+    kwargs = {**cfg.kwargs, **({"render_mode": render_mode} if render_mode else {})}
     if cfg.atari is not None:
-        env = make_atari(cfg.id, cfg.atari, cfg.kwargs)
+        env = make_atari(cfg.id, cfg.atari, kwargs)
     else:
-        env = gym.make(resolve_env_id(cfg.id), **cfg.kwargs)
+        env = gym.make(resolve_env_id(cfg.id), **kwargs)
     if cfg.reward_weights:
         env = ScalarizeReward(env, cfg.reward_weights)
+    if is_goal_space(env.observation_space):  # Dict(observation, achieved/desired_goal)
+        env = FlattenGoalObs(env)
     return env
+
+
+def make_render_env(cfg: EnvConfig) -> gym.Env:
+    """One env as the collectors' envs are made, rendering `rgb_array` frames (videos)."""
+    env = _make_one(cfg, render_mode="rgb_array")
+    if isinstance(env.action_space, gym.spaces.Box):
+        env = gym.wrappers.ClipAction(env)
+    return env
+
+
+def goal_functions(cfg: EnvConfig) -> tuple[Any, Any]:
+    """A goal-conditioned env's vectorised `compute_reward(achieved_goal, desired_goal,
+    info)` and `compute_terminated` (None when it has none), from one env made here and kept
+    for them."""
+    env = _make_one(cfg)
+    if not isinstance(env, FlattenGoalObs):
+        env.close()
+        raise ValueError(f"env.id={cfg.id!r} is not goal-conditioned")
+    inner = env.unwrapped
+    if not callable(getattr(inner, "compute_reward", None)):
+        env.close()
+        raise ValueError(f"env.id={cfg.id!r} has no compute_reward(achieved_goal, "
+                         "desired_goal, info)")
+    return inner.compute_reward, getattr(inner, "compute_terminated", None)
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
@@ -164,20 +198,23 @@ def env_spec(cfg: EnvConfig) -> EnvSpec:
         pool = EnvPoolVector(cfg, 1, 0)
         obs_space, act_space = pool.single_observation_space, pool.single_action_space
         pool.close()
+        goal = None
     else:
         env = _make_one(cfg)
         try:
             obs_space, act_space = env.observation_space, env.action_space
+            goal = env.goal_layout if isinstance(env, FlattenGoalObs) else None
         finally:
             env.close()
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"env.id={cfg.id!r} has observation space {obs_space}; expected Box")
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(obs_shape=tuple(obs_space.shape), n_actions=int(act_space.n))
+        return EnvSpec(obs_shape=tuple(obs_space.shape), n_actions=int(act_space.n),
+                       goal=goal)
     if isinstance(act_space, gym.spaces.Box):
         return EnvSpec(obs_shape=tuple(obs_space.shape), action_shape=tuple(act_space.shape),
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
-                       action_high=tuple(float(x) for x in act_space.high.ravel()))
+                       action_high=tuple(float(x) for x in act_space.high.ravel()), goal=goal)
     raise ValueError(f"env.id={cfg.id!r} has action space {act_space}; expected Discrete or "
                      "Box")
 

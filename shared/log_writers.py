@@ -7,6 +7,7 @@ TensorBoard or W&B never pays for importing them.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -36,6 +37,12 @@ class MetricWriter(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class VideoWriter(Protocol):
+    """A writer that can also show videos (TensorBoard, W&B); the others have no `video`."""
+
+    def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None: ...
 
 
 class JsonlWriter:
@@ -119,6 +126,25 @@ class TensorBoardWriter:
             elif not self._opened.is_set():
                 self._pending.append((step, wall_time, dict(scalars)))
 
+    def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
+        """An animated GIF as an image summary: TensorBoard's image plugin plays it (its
+        video support needs moviepy and torch's writer; the MP4 is in the run dir)."""
+        if gif is None:
+            return
+        self._opened.wait(10)
+        with self._lock:
+            if self._writer is None:
+                return
+            from PIL import Image
+
+            with Image.open(io.BytesIO(gif)) as im:
+                width, height = im.size
+            image = self._summary.Image(height=height, width=width, colorspace=3,
+                                        encoded_image_string=gif)
+            self._writer.add_event(self._event(
+                wall_time=time.time(), step=step,
+                summary=self._summary(value=[self._summary.Value(tag=tag, image=image)])))
+
     def flush(self) -> None:
         self._opened.wait()
         if self._writer is not None:
@@ -199,6 +225,16 @@ class WandbWriter:
             self._run.log({**scalars, WANDB_STEP_KEY: step})
         except Exception as err:
             self._disable("cannot log", err)
+
+    def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
+        if self._run is None:
+            return
+        try:
+            import wandb
+
+            self._run.log({tag: wandb.Video(str(mp4), format="mp4"), WANDB_STEP_KEY: step})
+        except Exception as err:
+            self._disable("cannot log a video", err)
 
     def flush(self) -> None:
         """W&B streams to its own service process; there is nothing to flush here."""

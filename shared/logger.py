@@ -123,6 +123,19 @@ class RunLogger:
             self._last_step[scope] = step
             return True
 
+    def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
+        """Show a video (already in the run dir as `mp4`) in the writers that can; one that
+        fails is logged, never raised: a video must not fail a run."""
+        with self._lock:
+            if self._closed:
+                return
+            writers = [w for w in self._writers if hasattr(w, "video")]
+        for writer in writers:
+            try:
+                writer.video(tag, step, mp4, gif, fps)
+            except Exception:
+                log.exception("video not logged to %s", type(writer).__name__)
+
     def add_writer(self, writer: MetricWriter) -> None:
         """One more destination for every record from now on (the coordinator's feed for
         live pages, added once it holds the history a resumed run kept)."""

@@ -43,6 +43,32 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         yield record
 
 
+EPISODES_NAME = "episodes.jsonl"
+EPISODE_COLUMNS = ("run", "worker_id", "task_id", "env_index", "seed", "policy_version",
+                   "return", "length", "return_components", "wall_time", "env_step",
+                   "evaluation")
+
+
+def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL table, skipping a truncated last line (a killed writer)
+    and garbled lines with a warning; nothing for a missing file."""
+    if not path.is_file():
+        return
+    with path.open("rb") as f:
+        lines = f.read().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            log.warning("%s:%d: not a row, skipped: %.80r", path, i + 1, line)
+            continue
+        yield row
+
+
 @dataclass
 class RunData:
     run_dir: Path
@@ -55,6 +81,25 @@ class RunData:
 
     def __contains__(self, key: object) -> bool:
         return any(key in cols for cols in self.scopes.values()) and key not in RESERVED
+
+    @property
+    def episodes(self) -> Any:
+        """The run's episode table (`episodes.jsonl`, written by the coordinator) as a pandas
+        DataFrame, one row per finished episode: training episodes, and evaluation episodes
+        (`evaluation` true). Reward components become `return_0`, `return_1`, ... columns.
+        Needs pandas (the `tables` extra); a run without the table gives an empty frame."""
+        try:
+            import pandas as pd
+        except ImportError as err:
+            raise ImportError("load_run(...).episodes needs pandas: pip install "
+                              "'rlfleet[tables]'") from err
+        rows = list(read_rows(self.run_dir / EPISODES_NAME))
+        frame = pd.DataFrame(rows, columns=list(EPISODE_COLUMNS) if not rows else None)
+        if "return_components" in frame and frame["return_components"].notna().any():
+            parts = pd.DataFrame(frame["return_components"].dropna().tolist(),
+                                 index=frame["return_components"].dropna().index)
+            frame = frame.join(parts.add_prefix("return_"))
+        return frame.drop(columns=["return_components"], errors="ignore")
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(steps, values, wall_times) of the records that have `key`, from whichever scopes

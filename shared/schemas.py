@@ -210,6 +210,8 @@ class EvaluateTask(Request):
     battles: list[Opponent] = Field(default_factory=list, max_length=64, description=(
         "self-play: play `episodes` games against each of these as first player and as "
         "many as second, instead of episodes"))
+    video: bool = Field(False, description="also record a video of the policy (`eval.video`) "
+                        "to storage as `video-<task id>`")
 
 
 Task = Annotated[CollectTask | LearnTask | EvaluateTask, Field(discriminator="kind")]
@@ -247,6 +249,9 @@ class ChunkMeta(Request):
     opponents_skipped: list[PlayerName] = Field(default_factory=list, max_length=1024, description=(
         "self-play: assigned opponents the collector could not load (their games were "
         "played against the learning policy itself)"))
+    episode_envs: list[Count] = Field(default_factory=list, max_length=100_000, description=(
+        "the index in the collector's vector env of each finished episode (the episode "
+        "table's `env_index`)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> ChunkMeta:
@@ -261,6 +266,9 @@ class ChunkMeta(Request):
             covered += n
         if self.segments and covered != self.length:
             raise ValueError(f"segments cover {covered} rows but the chunk has {self.length}")
+        if self.episode_envs and len(self.episode_envs) != len(self.episode_returns):
+            raise ValueError(f"episode_envs has {len(self.episode_envs)} entries but "
+                             f"episode_returns has {len(self.episode_returns)}")
         if self.episode_return_components and \
                 len(self.episode_return_components) != len(self.episode_returns):
             raise ValueError(f"episode_return_components has "
@@ -449,6 +457,13 @@ class BattleOutcome(Request):
     loss: Count
 
 
+class VideoReport(Request):
+    frames: int = Field(ge=1, le=1_000_000)
+    fps: int = Field(ge=1, le=240)
+    episodes: int = Field(ge=1, le=10)
+    returns: list[Return] = Field(max_length=10, description="each recorded episode's return")
+
+
 class EvaluationReport(Request):
     """Episodes of one evaluation task: `deterministic` always, `stochastic` when asked. A
     self-play run's evaluation plays games (`battles`); its `deterministic` episodes are
@@ -460,6 +475,8 @@ class EvaluationReport(Request):
     deterministic: EvalEpisodes
     stochastic: EvalEpisodes | None = None
     battles: list[BattleOutcome] = Field(default_factory=list, max_length=1024)
+    video: VideoReport | None = Field(None, description="the video asked for, stored as "
+                                      "`video-<task id>` (MP4) and `video-gif-<task id>`")
 
 
 class EvalSummary(Response):
@@ -492,6 +509,8 @@ class EvaluationResult(Response):
         "'games' by opponent ('bot-random'), and by seat ('bot-random/first')")
     seq: int = Field(0, description="the evaluation's number in the run, from 1: the cursor "
                      "of `GET /evaluations?since=`")
+    video: str | None = Field(None, description="the evaluation's video, relative to the run "
+                              "directory (`videos/...mp4`)")
 
 
 class TaskResult(Request):
@@ -825,6 +844,6 @@ class RecordsPage(Response):
     next: int = Field(description="the cursor to pass as `after` next time")
     latest: int = Field(description="the newest record's sequence number")
     missed: int = Field(description="records after the cursor that are no longer kept "
-                        "(the feed keeps the newest 50,000)")
+                        "(the feed keeps the newest 20,000)")
     more: bool = Field(description="more records are waiting: ask again at once")
     records: list[LogRecord]

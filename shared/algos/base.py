@@ -173,8 +173,8 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
     a crash in every worker. Raises `ConfigError` naming the field.
 
     `build=False` checks a built-in algorithm's needs of the env without building it, so the
-    caller (`rlfleet up`) never imports torch; a policy named by import path is always built,
-    since only building it can show it works."""
+    caller (`rlfleet up`) never imports torch; a policy or an `algo.reward_model` named by
+    import path is always built, since only building it can show it works."""
     from shared.config import ConfigError
     from shared.envs import env_spec
 
@@ -194,11 +194,16 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
         raise ConfigError(str(err)) from None
     except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
         raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
+    if getattr(cfg.algo, "her", None) is not None and getattr(spec, "goal", None) is None:
+        raise ConfigError(f"algo.her: hindsight relabelling needs a goal-conditioned env "
+                          f"(a Dict observation of observation, achieved_goal and "
+                          f"desired_goal); {cfg.env.id!r} has observations of shape "
+                          f"{spec.obs_shape}")
     if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
         from shared.datasets import check_datasets
 
         check_datasets(cfg, spec)
-    if not build and not cfg.algo.policy:
+    if not build and not cfg.algo.policy and cfg.algo.reward_model is None:
         if cfg.algo.name in DISCRETE_ONLY and not spec.discrete:
             raise ConfigError(f"algo: algo.name={cfg.algo.name!r} needs a discrete action "
                               f"space; this env has continuous actions of shape "
@@ -210,3 +215,7 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
         raise ConfigError(str(err)) from None
     except (ValueError, TypeError) as err:
         raise ConfigError(f"algo: {err}") from None
+    if cfg.algo.reward_model is not None:
+        from shared.algos.reward_model import check_reward_model
+
+        check_reward_model(cfg, spec)

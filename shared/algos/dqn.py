@@ -77,6 +77,9 @@ class DQN:
         if not spec.discrete:
             raise ValueError(f"algo.name='dqn' needs a discrete action space; this env has "
                              f"continuous actions of shape {spec.action_shape}")
+        if getattr(cfg, "her", None) is not None and spec.goal is None:
+            raise ValueError("algo.her needs a goal-conditioned env (observations "
+                             "Dict(observation, achieved_goal, desired_goal))")
         torch.manual_seed(seed)
         self.cfg = cfg
         self.spec = spec
@@ -179,14 +182,19 @@ class DQN:
     def _q_and_target(self, all_q: torch.Tensor, batch: Mapping[str, torch.Tensor]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Q(s, a) of the batch's actions, and their double-DQN targets (no gradient): the
-        online net picks the next action, the target net values it."""
+        online net picks the next action, the target net values it. With n-step returns
+        (`algo.n_step`) `reward` is the discounted sum of up to n rewards, `next_obs` the
+        observation after the last of them and `discount` gamma^m per row (m: the rewards
+        summed), which bootstraps in place of gamma."""
         not_done = 1.0 - batch["terminated"].float()
         next_obs = batch["next_obs"]
+        discount = batch.get("discount")
         with torch.no_grad():
             next_action = masked_q(self.q(next_obs), batch.get("next_action_mask")).argmax(
                 dim=1, keepdim=True)
             next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
-            target = batch["reward"] + self.cfg.gamma * not_done * next_q
+            target = batch["reward"] + (self.cfg.gamma if discount is None else discount) \
+                * not_done * next_q
         q = all_q.gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
         return q, target
 

@@ -24,6 +24,17 @@ def evaluated_blob(task_id: str) -> str:
     return f"evaluated-{task_id}"
 
 
+def video_blob(task_id: str) -> str:
+    """Blob name of an evaluation's video (MP4), written by the collector and moved to the
+    run dir by the coordinator."""
+    return f"video-{task_id}"
+
+
+def video_gif_blob(task_id: str) -> str:
+    """Blob name of the small GIF of an evaluation's video, for TensorBoard."""
+    return f"video-gif-{task_id}"
+
+
 def snapshot_blob(version: int) -> str:
     """Blob name of a league snapshot's weights: a policy version kept for as long as the
     league holds it (published versions are pruned within seconds)."""

@@ -60,7 +60,8 @@ def test_a_users_own_policy_and_env_by_import_path_train_end_to_end(launch, tmp_
         buffers={"replay": {"kind": "uniform", "capacity": 20000,
                             "rate_limit": {"min_size": 500, "samples_per_insert": 16,
                                            "error_buffer": 8000}}},
-        eval={"every_env_steps": 1000, "episodes": 8, "num_envs": 4, "stop_value": 0.75},
+        eval={"every_env_steps": 1000, "episodes": 8, "num_envs": 4, "stop_value": 0.75,
+              "video": {"every_evaluations": 1}},  # LineWalk cannot render: one warning
         stop={"max_wall_s": 150})
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "1", "--run-dir", str(run_dir),
@@ -76,6 +77,10 @@ def test_a_users_own_policy_and_env_by_import_path_train_end_to_end(launch, tmp_
     # the published weights are the user's dueling network, not the built-in Q-network
     state, _ = decode_weights(Path(summary["best_policy"]).read_bytes())
     assert {"value.weight", "advantage.weight"} <= set(state)
+    # asked for videos of an env that cannot render: one warning, no video, the run went on
+    log = (run_dir / "logs" / "collector-1.log").read_text()
+    assert log.count("no evaluation videos from this collector") == 1, log[-3000:]
+    assert summary["videos"] == [] and not (run_dir / "videos").exists()
     up.assert_no_orphans()
 
 

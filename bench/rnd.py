@@ -1,0 +1,222 @@
+"""Random Network Distillation on MountainCar-v0: plain DQN beside DQN + RND, same budget.
+
+MountainCar pays -1 a step until the car reaches the flag, and an episode ends there or after
+200 steps, so until it first gets there every return is -200. The goal is reached when an
+evaluation (`eval.episodes` deterministic episodes, every `eval.every_env_steps`) has a mean
+return above -200: some episode got to the flag. `configs/mountaincar-dqn.yaml` and
+`configs/mountaincar-rnd.yaml` differ only in `algo.reward_model`.
+
+    python bench/rnd.py [--seeds 0 1 2 3 4] [--env-steps 30000] [--mode up|single]
+                        [--collectors 1] [--work-dir DIR] [--figure PNG]
+
+`--mode up` (the default) runs each config and seed as a cluster (`rlfleet up`, one collector
+of 4 envs) and draws every run's curves into `--figure` with `rlfleet plot`; `--mode single`
+runs the single-process runner instead (the same code, no HTTP or storage; no figure). A run
+that reaches the config's stop value (-110, gymnasium's threshold) stops there, solved.
+
+Per seed and config: the best evaluation's mean return, the env steps of the first evaluation
+above -200 (the goal), and the last evaluation; then the share of seeds that reached the goal
+within smaller budgets, read from the same runs. The last line of stdout is one JSON object:
+`goal_rate_rnd`, `goal_rate_dqn` (the share of seeds whose evaluations reached the goal
+within `env_steps`), `best_return_rnd`, `best_return_dqn` (the best evaluation over all seeds),
+`env_steps`, `goal_rate_by_env_steps` ({budget: {rnd, dqn}}) and per-seed `runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    REPO_ROOT,
+    die_with_parent,
+    emit,
+    exit_on_signals,
+    fmt,
+    log,
+    print_tables,
+)
+
+CONFIGS = {"dqn": REPO_ROOT / "configs" / "mountaincar-dqn.yaml",
+           "rnd": REPO_ROOT / "configs" / "mountaincar-rnd.yaml"}
+GOAL = -200.0  # an evaluation's mean return above this: some episode reached the flag
+FIGURE = REPO_ROOT / "bench" / "figures" / "mountaincar-rnd.png"
+
+
+@dataclass
+class Result:
+    variant: str
+    seed: int
+    evaluations: list[tuple[int, float]] = field(default_factory=list)  # (env steps, return)
+    env_steps: int = 0
+    wall_s: float | None = None
+    outcome: str = ""
+    run_dir: str | None = None
+
+    @property
+    def best(self) -> float | None:
+        return max((r for _, r in self.evaluations), default=None)
+
+    @property
+    def goal_at(self) -> int | None:
+        """Env steps of the first evaluation above the goal line."""
+        return next((s for s, r in self.evaluations if r > GOAL), None)
+
+    @property
+    def last(self) -> float | None:
+        return self.evaluations[-1][1] if self.evaluations else None
+
+
+def budget_config(variant: str, seed: int, env_steps: int, work: Path) -> Path:
+    data = yaml.safe_load(CONFIGS[variant].read_text())
+    data["seed"] = seed
+    data["stop"] = {"max_env_steps": env_steps}
+    path = work / f"mountaincar-{variant}-s{seed}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
+    import json
+
+    from shared.rundata import load_run
+
+    run_dir = work / f"mountaincar-{variant}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
+    with open(run_dir / "up.log", "wb") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                               preexec_fn=die_with_parent)
+    result = Result(variant, seed, run_dir=str(run_dir), outcome=f"exit {code}")
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        result.env_steps, result.wall_s, result.outcome = (s["env_steps"], s["wall_seconds"],
+                                                           s["outcome"])
+    else:
+        log(f"[red]{variant} seed {seed}: rlfleet up exited with {code} and no summary; see "
+            f"{run_dir / 'up.log'}[/]")
+    if (run_dir / "metrics.jsonl").exists():
+        run = load_run(run_dir)
+        key = "eval/deterministic/return_mean"
+        if key in run:
+            steps, values, _ = run.series(key)
+            result.evaluations = [(int(s), float(v)) for s, v in zip(steps, values,
+                                                                     strict=True)]
+    return result
+
+
+def run_single_process(variant: str, seed: int, config: Path) -> Result:
+    from services.single import run_single
+    from shared.config import load_config
+
+    result = Result(variant, seed)
+    res = run_single(load_config(config), progress=lambda s, i, r, t:
+                     result.evaluations.append((s, r)))
+    result.env_steps, result.wall_s = res.env_steps, res.wall_seconds
+    result.outcome = "solved" if res.solved else "budget"
+    return result
+
+
+def table(results: list[Result], env_steps: int) -> Table:
+    t = Table(title=f"MountainCar-v0, {env_steps:,} env steps: DQN beside DQN + RND "
+              f"(goal: an evaluation above {GOAL:g})")
+    for col in ("config", "seed", "goal reached at", "best eval", "last eval", "env steps",
+                "wall s", "outcome"):
+        t.add_column(col, justify="left" if col in ("config", "outcome") else "right")
+    for r in results:
+        t.add_row(f"mountaincar-{r.variant}", str(r.seed),
+                  fmt(r.goal_at, ",d") if r.goal_at is not None else "not reached",
+                  fmt(r.best), fmt(r.last), fmt(r.env_steps, ",d"), fmt(r.wall_s, ".0f"),
+                  r.outcome)
+    return t
+
+
+def checkpoints(env_steps: int) -> list[int]:
+    """Budgets within the run's at which goal rates are also counted: every 5,000 env steps
+    from 10,000 (the same runs, read at smaller budgets)."""
+    return [b for b in range(10_000, env_steps, 5_000)] + [env_steps]
+
+
+def goal_rate(results: list[Result], variant: str, budget: int) -> float | None:
+    mine = [r for r in results if r.variant == variant]
+    reached = [r for r in mine if r.goal_at is not None and r.goal_at <= budget]
+    return round(len(reached) / len(mine), 3) if mine else None
+
+
+def rates_table(results: list[Result], env_steps: int) -> Table:
+    t = Table(title="share of seeds whose evaluations reached the goal within a budget")
+    t.add_column("env steps", justify="right")
+    for variant in CONFIGS:
+        t.add_column(f"mountaincar-{variant}", justify="right")
+    for budget in checkpoints(env_steps):
+        t.add_row(f"{budget:,}", *(fmt(goal_rate(results, v, budget), ".0%")
+                                   if goal_rate(results, v, budget) is not None else "-"
+                                   for v in CONFIGS))
+    return t
+
+
+def summarise(results: list[Result], env_steps: int) -> dict:
+    out: dict = {}
+    for variant in CONFIGS:
+        bests = [r.best for r in results if r.variant == variant and r.best is not None]
+        out[f"goal_rate_{variant}"] = goal_rate(results, variant, env_steps)
+        out[f"best_return_{variant}"] = max(bests) if bests else None
+    out["env_steps"] = env_steps
+    out["goal_rate_by_env_steps"] = {str(b): {v: goal_rate(results, v, b) for v in CONFIGS}
+                                     for b in checkpoints(env_steps)}
+    out["runs"] = [{**{k: v for k, v in asdict(r).items() if k != "evaluations"},
+                    "goal_at": r.goal_at, "best": r.best, "last": r.last}
+                   for r in results]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--env-steps", type=int, default=30_000, help="the budget of every run")
+    p.add_argument("--mode", choices=("up", "single"), default="up")
+    p.add_argument("--collectors", type=int, default=1)
+    p.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a "
+                   "temporary one, removed at the end)")
+    p.add_argument("--figure", type=Path, default=FIGURE, help="--mode up: both configs' "
+                   "curves, drawn by rlfleet plot")
+    args = p.parse_args(argv)
+    exit_on_signals()
+    with tempfile.TemporaryDirectory(prefix="rlfleet-bench-rnd-") as tmp:
+        work = (args.work_dir or Path(tmp)).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        results: list[Result] = []
+        for seed in args.seeds:
+            for variant in CONFIGS:
+                config = budget_config(variant, seed, args.env_steps, work)
+                log(f"{variant} seed {seed}: {args.env_steps:,} env steps ({args.mode})")
+                r = (run_up(variant, seed, config, args.collectors, work) if args.mode == "up"
+                     else run_single_process(variant, seed, config))
+                log(f"{variant} seed {seed}: best {fmt(r.best)}, goal at "
+                    f"{r.goal_at if r.goal_at is not None else 'never'}")
+                results.append(r)
+        if args.mode == "up":
+            dirs = [r.run_dir for r in results if r.run_dir]
+            done = subprocess.run([sys.executable, "-m", "services.cli", "plot", *dirs,
+                                   "--out", str(args.figure)], cwd=REPO_ROOT,
+                                  capture_output=True, text=True)
+            log(done.stdout.strip() if done.returncode == 0 else
+                f"[red]rlfleet plot failed: {done.stderr.strip()[-500:]}[/]")
+        print_tables(table(results, args.env_steps), rates_table(results, args.env_steps))
+        emit(summarise(results, args.env_steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

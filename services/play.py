@@ -1,0 +1,199 @@
+"""`rlfleet play RUN_DIR`: the run's trained policy playing the run's env, episode by episode.
+
+The policy is the one the run kept as its result (`best_policy.safetensors`, loaded as
+`rlfleet export --source policy` loads it); the env is the run's own (`config.yaml`: its id,
+kwargs, Atari preprocessing), one env stepped in this process. By default the policy acts as
+evaluations act it (its deterministic action: DQN's greedy one, PPO's most likely action or
+its Gaussian's mean); `--stochastic` acts as collectors do (DQN: epsilon at its final value;
+PPO: sampled). Observations are normalised as the policy's version says (`algo.obs_norm`).
+
+`--video PATH` records the first episode: the env is made with `render_mode="rgb_array"` and
+its frames are written as MP4 (`shared/video.py`, the `video` extra). An env that cannot
+render, a run directory without a config or a best policy, and a self-play run (its moves
+are masked, and `rlfleet battle` plays it against bots) are one-line errors (exit code 2).
+
+`trained_policy` and `policy_actions` are what `rlfleet serve-policy` acts with too
+(`services/policy_server.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from services.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
+from shared.config import ConfigError, RunConfig
+from shared.video import VideoUnavailable
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from shared.algos.base import Policy
+
+DEFAULT_FPS = 30
+
+
+@dataclass
+class Played:
+    run_dir: Path
+    env_id: str
+    algo: str
+    policy_version: int
+    deterministic: bool
+    seed: int
+    returns: list[float]
+    lengths: list[int]
+    video: Path | None = None
+    frames: int = 0
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+
+def trained_policy(run_dir: Path, seed: int | None = None) -> tuple[RunConfig, Policy, int]:
+    """A run's config, its best policy ready to act, and that policy's version. Self-play
+    runs are refused: their policy acts on masked moves of a two-player game."""
+    cfg = read_run_config(run_dir)
+    if cfg.league is not None:
+        raise ConfigError(f"{run_dir} is a self-play run (a two-player game with masked "
+                          f"moves); `rlfleet battle {run_dir}` plays its policy against bots")
+    policy, version = load_best_policy(cfg, run_dir, seed)
+    return cfg, policy, version
+
+
+def policy_actions(policy: Policy, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    """One forward pass over a batch of raw observations: the deterministic actions of an
+    evaluation, or (`deterministic=False`) the actions a collector takes."""
+    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
+    if pre is not None:
+        obs = pre(obs)
+    if deterministic:
+        return np.asarray(policy.act_eval(obs, True))
+    return np.asarray(policy.act(obs, COLLECTING_ENV_STEP).actions)
+
+
+def _play_env(cfg: RunConfig, seed: int, render: bool) -> gym.vector.VectorEnv:
+    """One env of the run's kind, stepped in this process (an `async` backend's subprocess
+    buys nothing for one env); with `render`, made to render rgb_array frames."""
+    from shared.envs import make_vector_env
+
+    env_cfg = cfg.env
+    updates: dict = {"backend": "sync"} if env_cfg.backend == "async" else {}
+    if render:
+        if env_cfg.backend == "envpool":
+            raise VideoUnavailable(f"env {env_cfg.id!r} runs on EnvPool (env.backend: "
+                                   "envpool), which renders no frames")
+        updates["kwargs"] = {**env_cfg.kwargs, "render_mode": "rgb_array"}
+        # Frames are drawn off-screen: SDL (pygame's classic-control renderer) needs no display
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    try:
+        with warnings.catch_warnings():  # an undeclared render mode: tried all the same
+            warnings.filterwarnings("ignore", message=".*render_mode.*")
+            return make_vector_env(env_cfg.model_copy(update=updates), 1, seed)
+    except TypeError as err:
+        if not render:
+            raise
+        why = ("its constructor takes no render_mode" if "render_mode" in str(err)
+               else f"{err}")
+        raise VideoUnavailable(f"env {env_cfg.id!r} cannot render: {why}") from None
+
+
+def _frame(envs: gym.vector.VectorEnv, env_id: str) -> np.ndarray:
+    frame = envs.render()
+    frame = frame[0] if isinstance(frame, (tuple, list)) and frame else frame
+    arr = None if frame is None else np.asarray(frame)
+    if arr is None or arr.ndim != 3 or arr.shape[-1] not in (3, 4):
+        raise VideoUnavailable(f"env {env_id!r} cannot render rgb_array frames (render() "
+                               f"gave {None if arr is None else arr.shape})")
+    return arr
+
+
+def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None = None,
+             stochastic: bool = False, seed: int | None = None) -> Played:
+    """Play `episodes` whole episodes one after another from `seed` (default: the run's
+    seed); with `video`, write the first one's frames there as MP4."""
+    from shared.video import Mp4Writer
+
+    if episodes < 1:
+        raise ConfigError(f"--episodes={episodes}: play at least one episode")
+    run_dir = Path(run_dir)
+    cfg, policy, version = trained_policy(run_dir, seed)
+    seed = cfg.seed if seed is None else seed
+    deterministic = not stochastic
+    try:
+        envs = _play_env(cfg, seed, render=video is not None)
+    except VideoUnavailable as err:
+        raise ConfigError(f"--video: {err}") from None
+    writer = None
+    returns: list[float] = []
+    lengths: list[int] = []
+    try:
+        fps = int(envs.metadata.get("render_fps") or DEFAULT_FPS)
+        if video is not None:  # frames go to ffmpeg as they come: none are held in memory
+            Path(video).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                writer = Mp4Writer(video, fps)
+            except VideoUnavailable as err:
+                raise ConfigError(f"--video: {err}") from None
+        obs, _ = envs.reset(seed=seed)
+        for episode in range(episodes):
+            record = video is not None and episode == 0
+            total, length = 0.0, 0
+            while True:
+                if record and writer is not None:
+                    try:
+                        writer.add(_frame(envs, cfg.env.id))
+                    except VideoUnavailable as err:
+                        raise ConfigError(f"--video: {err}") from None
+                # Vector envs reset a finished env within the step (same-step autoreset):
+                # `obs` is then already the next episode's first observation.
+                obs, reward, terminated, truncated, _ = envs.step(
+                    policy_actions(policy, obs, deterministic))
+                total += float(reward[0])
+                length += 1
+                if terminated[0] or truncated[0]:
+                    break
+            returns.append(total)
+            lengths.append(length)
+    except ConfigError:  # no half-written video is left behind
+        if writer is not None:
+            writer.close()
+            writer.path.unlink(missing_ok=True)
+            writer = None
+        raise
+    finally:
+        envs.close()
+        if writer is not None:
+            writer.close()
+    played = Played(run_dir, cfg.env.id, cfg.algo.name, version, deterministic, seed,
+                    returns, lengths)
+    if writer is not None:
+        played.video, played.frames = Path(video), writer.frames
+    return played
+
+
+def print_played(played: Played) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    mode = "deterministic" if played.deterministic else "stochastic (as collectors act)"
+    console = Console(highlight=False)
+    console.print(f"{played.run_dir}: {played.algo} policy version {played.policy_version} "
+                  f"on {played.env_id}, {mode}, seed {played.seed}")
+    table = Table()
+    table.add_column("episode", justify="right")
+    table.add_column("return", justify="right")
+    table.add_column("length", justify="right")
+    for i, (ret, length) in enumerate(zip(played.returns, played.lengths, strict=True)):
+        table.add_row(str(i + 1), f"{ret:.2f}", str(length))
+    table.add_section()
+    table.add_row("mean", f"{played.mean_return:.2f}", f"{np.mean(played.lengths):.1f}")
+    console.print(table)
+    if played.video is not None:
+        console.print(f"video of episode 1: {played.video} ({played.frames} frames)")

@@ -1,0 +1,282 @@
+"""`rlfleet serve-policy RUN_DIR --port P`: a run's trained policy answering HTTP requests.
+
+The policy is the run's result (`best_policy.safetensors`), loaded as `rlfleet play` loads it
+(`services/play.py`), and it acts as evaluations act it unless a request asks otherwise.
+
+- `POST /act` `{"obs": [[...], ...], "deterministic": true}`: a batch of 1 to `MAX_BATCH`
+  raw observations (as the env returns them: the policy normalises them itself where the run
+  used `algo.obs_norm`), answered with `{"actions": [...], "policy_version": V}`, one action
+  per observation, from one forward pass. A single observation is sent as a batch of one:
+  `[obs]` (an unbatched one is refused, with that hint, rather than guessed at: an
+  observation of shape (n, k) and a batch of n observations of shape (k,) look alike).
+  `deterministic: false` acts as collectors do (DQN: epsilon at its final value; PPO: sampled).
+  Discrete actions are integers; continuous ones are lists, clipped to the action space as
+  the run's envs clip them.
+- `GET /info`: the run, env id, observation shape and dtype, action space, algorithm, policy
+  version and the batch limit. `GET /health`: liveness, open without the token.
+  `GET /openapi.json`: this API as OpenAPI 3.1 (the coordinator's generator,
+  `coordinator/openapi.py`, over these routes).
+
+Every 4xx is JSON `{"error", "field"}` (`shared/webapp.py`): 400 naming `obs` for a wrong
+shape (the message says the expected one), an empty batch or more than `MAX_BATCH` rows;
+naming the element (`obs.3.1`) for one that is not a number, NaN or infinite, or out of the
+observation dtype's range (uint8 images: integers 0-255); naming an unknown field; `field`
+null for a body that is not a JSON object. 413 for a body over `RLFLEET_MAX_BODY_BYTES`; 401
+(`Authorization`) without the cluster's token when one is set (`shared/auth.py`).
+
+Served by `services/serve.py`'s in-process cheroot pool (`--threads`); inference is one
+torch thread and one forward pass at a time (a lock: the policies' samplers are not
+thread-safe), so throughput comes from batching. SIGTERM or Ctrl-C stops it cleanly.
+Self-play runs are refused (their policies act on masked moves; `rlfleet battle` plays them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from itertools import chain
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from services.play import policy_actions, trained_policy
+from shared.schemas import Health, Request, Response
+from shared.webapp import BadRequest
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+log = logging.getLogger("rlfleet.policy_server")
+
+MAX_BATCH = 4096  # observations a request
+_NUMBERS = {int, float}  # what JSON numbers parse to (never bool: `true` is not a number)
+
+
+class ActRequest(Request):
+    obs: list[Any] = Field(min_length=1, max_length=MAX_BATCH, description=(
+        f"a batch of 1 to {MAX_BATCH} raw observations, each of the shape and dtype "
+        "`GET /info` names (nested lists of numbers); one observation is a batch of one"))
+    deterministic: bool = Field(True, strict=True, description=(
+        "act as evaluations do (greedy, or the Gaussian's mean); false: as collectors do "
+        "(sampled, or epsilon-greedy at the final epsilon)"))
+
+
+class ActResponse(Response):
+    actions: list[Any] = Field(description="one action per observation: an integer "
+                               "(discrete spaces) or a list of numbers (continuous ones)")
+    policy_version: int
+
+
+class ActionSpace(Response):
+    kind: Literal["discrete", "box"]
+    n: int | None = Field(None, description="discrete: the number of actions")
+    shape: list[int] | None = Field(None, description="box: the shape of one action")
+    low: list[float | None] | None = Field(None, description="box: lower bounds, flattened "
+                                           "(null: unbounded)")
+    high: list[float | None] | None = Field(None, description="box: upper bounds, flattened "
+                                            "(null: unbounded)")
+
+
+class PolicyInfo(Response):
+    run: str
+    env_id: str
+    algo: str
+    policy_version: int
+    obs_shape: list[int]
+    obs_dtype: str
+    action_space: ActionSpace
+    max_batch: int
+
+
+class PolicyService:
+    """The served policy and what requests are checked against. It owns no thread:
+    `start` and `close` are what `services/serve.py` calls around serving."""
+
+    role = "policy-server"
+
+    def __init__(self, run_dir: Path) -> None:
+        import gymnasium as gym
+
+        from shared.envs import make_vector_env
+
+        self.run_dir = run_dir
+        self.cfg, self.policy, self.version = trained_policy(run_dir)
+        envs = make_vector_env(self.cfg.env, 1, self.cfg.seed)
+        try:
+            self.obs_space = envs.single_observation_space
+            # the env's own bounds: the vector env's ClipAction wrapper announces (-inf, inf)
+            self.action_space = envs.unwrapped.single_action_space
+        finally:
+            envs.close()
+        self.obs_shape = tuple(int(d) for d in self.obs_space.shape)
+        self.obs_dtype = np.dtype(self.obs_space.dtype)
+        self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        self._lock = threading.Lock()
+        self.on_fatal = None  # set by services/serve.py; nothing here can fail fatally
+
+    def start(self) -> PolicyService:
+        log.info("serving %s: %s policy version %d on %s, obs %s %s", self.run_dir,
+                 self.cfg.algo.name, self.version, self.cfg.env.id, self.obs_shape,
+                 self.obs_dtype)
+        return self
+
+    def close(self) -> None:
+        """Nothing to release: the policy lives as long as the process."""
+
+    def info(self) -> PolicyInfo:
+        space = self.action_space
+        if self.discrete:
+            action = ActionSpace(kind="discrete", n=int(space.n))
+        else:
+            action = ActionSpace(kind="box", shape=list(space.shape),
+                                 low=_bounds(space.low), high=_bounds(space.high))
+        return PolicyInfo(run=str(self.run_dir), env_id=self.cfg.env.id,
+                          algo=self.cfg.algo.name, policy_version=self.version,
+                          obs_shape=list(self.obs_shape), obs_dtype=self.obs_dtype.name,
+                          action_space=action, max_batch=MAX_BATCH)
+
+    def observations(self, obs: list[Any]) -> np.ndarray:
+        """The request's observations as one array of the env's dtype, or a `BadRequest`
+        naming what is wrong and where."""
+        expected = f"({', '.join(['n', *map(str, self.obs_shape)])}) of {self.obs_dtype.name}"
+        try:
+            arr = np.asarray(obs)
+        except (ValueError, OverflowError):  # ragged nesting
+            raise BadRequest(f"obs: not a rectangular array: expected a batch of shape "
+                             f"{expected}", "obs") from None
+        if arr.shape[1:] != self.obs_shape or arr.ndim != len(self.obs_shape) + 1:
+            hint = (": one observation is sent as a batch of one, [obs]"
+                    if arr.shape == self.obs_shape else "")
+            raise BadRequest(f"obs: expected a batch of shape {expected}, got shape "
+                             f"{tuple(arr.shape)}{hint}", "obs")
+        # numpy reads `true` as 1 beside numbers, and "1.5" as a string: look at each
+        # element's JSON type (one pass at C speed over the flattened, rectangular batch)
+        flat: Any = obs
+        for _ in range(arr.ndim - 1):
+            flat = chain.from_iterable(flat)
+        if not set(map(type, flat)) <= _NUMBERS or arr.dtype.kind not in "iuf":
+            where, value = _first_non_number(obs)
+            raise BadRequest(f"{where}: {value!r} is not a number: expected a batch of shape "
+                             f"{expected}", where)
+        if arr.dtype.kind == "f":
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                raise _at(arr, bad, "is not finite")
+        if self.obs_dtype.kind in "iu":
+            limits = np.iinfo(self.obs_dtype)
+            if arr.dtype.kind == "f":
+                fractional = arr != np.floor(arr)
+                if fractional.any():
+                    raise _at(arr, fractional, f"is not an integer ({self.obs_dtype.name} "
+                              "observations)")
+            outside = (arr < limits.min) | (arr > limits.max)
+            if outside.any():
+                raise _at(arr, outside, f"is outside {self.obs_dtype.name}'s range "
+                          f"{limits.min}..{limits.max}")
+            return arr.astype(self.obs_dtype)
+        if self.obs_dtype.kind == "f":
+            overflow = np.abs(arr) > np.finfo(self.obs_dtype).max
+            if overflow.any():
+                raise _at(arr, overflow, f"is outside {self.obs_dtype.name}'s range")
+        return arr.astype(self.obs_dtype)
+
+    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        with self._lock:  # one forward pass at a time: samplers hold state
+            actions = policy_actions(self.policy, obs, deterministic)
+        if not self.discrete:  # as the run's envs clip them (shared/envs.py: ClipAction)
+            actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        return actions
+
+
+def _bounds(values: np.ndarray) -> list[float | None]:
+    return [float(v) if np.isfinite(v) else None for v in values.ravel()]
+
+
+def _first_non_number(obs: list[Any], where: str = "obs") -> tuple[str, Any]:
+    """The dotted path and value of the first element that is not a number (bools, strings,
+    null, objects, integers too large for int64)."""
+    for i, item in enumerate(obs):
+        path = f"{where}.{i}"
+        if isinstance(item, list):
+            found = _first_non_number(item, path)
+            if found[0] != path:
+                return found
+        elif isinstance(item, bool) or not isinstance(item, (int, float)) or (
+                isinstance(item, int) and not -2**63 <= item < 2**63):
+            return path, item
+    return where, obs
+
+
+def _at(arr: np.ndarray, bad: np.ndarray, what: str) -> BadRequest:
+    """A 400 naming the first element where `bad` holds."""
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = ".".join(["obs", *map(str, index)])
+    return BadRequest(f"{where}: {arr[index].item()!r} {what}", where)
+
+
+def create_app(service: PolicyService) -> Flask:
+    """The policy server's Flask app (the pytest client serves the very same one)."""
+    from flask import Flask, current_app, jsonify
+
+    from coordinator.openapi import document, openapi_document
+    from shared.auth import install_token_guard, load_token
+    from shared.webapp import install_error_handlers, parse_body
+
+    app = Flask("rlfleet.policy_server")
+    install_error_handlers(app)
+    install_token_guard(app, load_token())
+    app.extensions["rlfleet"] = service
+    document_cache: list[dict] = []
+    cache_lock = threading.Lock()
+
+    def svc() -> PolicyService:
+        return current_app.extensions["rlfleet"]
+
+    @app.get("/health")
+    @document(Health, public=True)
+    def health():
+        return jsonify({"ok": True, "role": PolicyService.role})
+
+    @app.get("/info")
+    @document(PolicyInfo)
+    def info():
+        return current_app.response_class(svc().info().model_dump_json(),
+                                           mimetype="application/json")
+
+    @app.post("/act")
+    @document(ActResponse, body=ActRequest)
+    def act():
+        s = svc()
+        req = parse_body(ActRequest)
+        actions = s.act(s.observations(req.obs), req.deterministic)
+        return jsonify({"actions": actions.tolist(), "policy_version": s.version})
+
+    @app.get("/openapi.json")
+    def openapi():
+        """This API as an OpenAPI 3.1 document, generated once from the routes' models."""
+        with cache_lock:
+            if not document_cache:
+                document_cache.append(openapi_document(
+                    current_app, title="rlfleet policy server", description=(
+                        "A run's trained policy (`rlfleet serve-policy`). Every error "
+                        "answer is an `ErrorBody`.")))
+        return jsonify(document_cache[0])
+
+    return app
+
+
+def serve_policy(run_dir: Path, host: str, port: int, threads: int = 4) -> int:
+    """Serve the run's policy until SIGTERM/SIGINT; blocks and returns the exit code."""
+    from services.serve import InProcessServer
+    from shared.auth import load_token
+    from shared.webapp import max_body_bytes
+
+    load_token()  # a bad token or body-limit setting: exit 2 before the policy loads
+    max_body_bytes()
+    server = InProcessServer(create_app(PolicyService(run_dir)), host, port, threads)
+    server.listen()
+    log.info("listening on http://%s:%d (POST /act, GET /info, GET /openapi.json)", host,
+             server.port)
+    return server.run()
