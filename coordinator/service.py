@@ -522,15 +522,11 @@ class Coordinator:
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
 
-        if req.consumed:
-            # On-policy data is used once, across a crash too: the consumption goes into the
-            # journal before it is made (a StorageError: 503, the learner reports it again).
-            self.durability.journal_event(
-                {"kind": CONSUMED_EVENT,
-                 "consumed": [c.model_dump(mode="json") for c in req.consumed]}, apply)
-        else:
-            with self._cond:
-                apply()
+        # Consumption is not journalled: journalling it broke a PPO run's coordinator restart
+        # under compose (no env steps after the restart; see the closing note of issue 18).
+        # A restart may hand out again chunks consumed since the last snapshot.
+        with self._cond:
+            apply()
         if dead:
             self.durability.release(dead)
         self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])

@@ -4,9 +4,9 @@ A learner polls `sample(..., num_batches=k)` and gets up to k whole chunks, olde
 `batch_size` is ignored (a learner cuts its own minibatches from the chunks it reads). A
 handed-out chunk is *in flight* until the learner reports it used (`consume`, which releases
 it) or until the coordinator gives it back (`requeue`, for a learner that died: the chunks go
-back to the head of the queue). Nothing is handed out twice unless it was requeued. The
-coordinator journals each consumption before making it, so a coordinator that crashes after
-a snapshot does not hand out again what was consumed since (`consume(..., queued_too=True)`).
+back to the head of the queue). Nothing is handed out twice unless it was requeued. A
+journalled consumption (`consume(..., queued_too=True)`) would also take restored chunks out
+of the queue; the coordinator does not journal consumption at present.
 
 Data that is not used is counted in `dropped` (in transitions) and released:
 - `dropped["overflow"]`: `capacity` bounds the transitions queued (not those in flight); the
