@@ -522,9 +522,9 @@ class Coordinator:
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
 
-        # Consumption is not journalled: journalling it broke a PPO run's coordinator restart
-        # under compose (no env steps after the restart; see the closing note of issue 18).
-        # A restart may hand out again chunks consumed since the last snapshot.
+        # Consumption is not journalled: journalling it left a PPO run under compose without
+        # env steps after its coordinator restarted (cause not found yet). A restart may hand
+        # out again the queue chunks consumed since the last snapshot.
         with self._cond:
             apply()
         if dead:
