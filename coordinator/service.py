@@ -522,11 +522,15 @@ class Coordinator:
             dead = self.replay.consume(req.consumed)
             self._cond.notify_all()
 
-        # Consumption is not journalled: journalling it left a PPO run under compose without
-        # env steps after its coordinator restarted (cause not found yet). A restart may hand
-        # out again the queue chunks consumed since the last snapshot.
-        with self._cond:
-            apply()
+        if req.consumed:
+            # On-policy data is used once, across a crash too: the consumption goes into the
+            # journal before it is made (a StorageError: 503, the learner reports it again).
+            self.durability.journal_event(
+                {"kind": CONSUMED_EVENT,
+                 "consumed": [c.model_dump(mode="json") for c in req.consumed]}, apply)
+        else:
+            with self._cond:
+                apply()
         if dead:
             self.durability.release(dead)
         self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])

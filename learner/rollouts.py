@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,9 @@ from shared.schemas import API, Consumed, MixShare, SampleRequest, SampleRespons
 from shared.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
+# After a failed sample request (not a rate limit): a coordinator that is restarting answers
+# "connection refused" at once, and asking again at once fills the log with thousands of lines.
+ERROR_PAUSE_S = 0.25
 
 
 def is_stale(chunk_version: int, learner_version: int, max_lag: int | None) -> bool:
@@ -111,8 +115,9 @@ class RolloutFeeder:
                 resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
                                         retries=0)
             except HttpError as err:
-                if err.status != 429:
+                if err.status != 429:  # a coordinator away: ask again in a moment, not at once
                     log.warning("sample request failed: %s", err)
+                    time.sleep(ERROR_PAUSE_S)
                 return
             self.stop_run = self.stop_run or resp.stop
             # A restarted coordinator hands out again what was in flight: never twice here.
@@ -158,6 +163,7 @@ class RolloutFeeder:
                     self.broken = f"out of step with the group: {err}"
             elif err.status != 429:
                 log.warning("sample request failed: %s", err)
+                time.sleep(ERROR_PAUSE_S)
             return None
         self.stop_run = self.stop_run or resp.stop
         if resp.first_seq != self.cursor:

@@ -4,9 +4,9 @@ A learner polls `sample(..., num_batches=k)` and gets up to k whole chunks, olde
 `batch_size` is ignored (a learner cuts its own minibatches from the chunks it reads). A
 handed-out chunk is *in flight* until the learner reports it used (`consume`, which releases
 it) or until the coordinator gives it back (`requeue`, for a learner that died: the chunks go
-back to the head of the queue). Nothing is handed out twice unless it was requeued. A
-journalled consumption (`consume(..., queued_too=True)`) would also take restored chunks out
-of the queue; the coordinator does not journal consumption at present.
+back to the head of the queue). Nothing is handed out twice unless it was requeued. The
+coordinator journals each consumption before making it, so a coordinator that crashes after
+a snapshot does not hand out again what was consumed since (`consume(..., queued_too=True)`).
 
 Data that is not used is counted in `dropped` (in transitions) and released:
 - `dropped["overflow"]`: `capacity` bounds the transitions queued (not those in flight); the
@@ -179,8 +179,9 @@ class QueueBuffer(Buffer):
             entry = self.in_flight.pop(chunk_id, None)
             if entry is None and queued_too:
                 entry = self.queue.pop(chunk_id, None)
-                if entry is not None:
+                if entry is not None:  # handed out after the snapshot, before the crash
                     self.queued_items -= entry.length
+                    m.sampled_items += entry.length
             if entry is None:
                 continue
             m.consumed_chunks += 1
@@ -203,8 +204,14 @@ class QueueBuffer(Buffer):
     # -- snapshots --------------------------------------------------------------------------
 
     def monitor_snapshot(self) -> dict[str, str]:
+        """In-flight chunks are saved as queued (see `snapshot`), so their handing out is
+        taken back from `sampled_items` too: a restored rate limiter must not count samples
+        that the restored queue will hand out again, nor miss those a replayed consumption
+        takes out of it (which `consume(queued_too=True)` counts)."""
         m = self.monitor
+        in_flight = sum(e.length for e in self.in_flight.values())
         return {**super().monitor_snapshot(),
+                "sampled_items": str(m.sampled_items - in_flight),
                 **{key: str(getattr(m, key)) for key in _QUEUE_COUNTERS}}
 
     def monitor_restore(self, meta: dict[str, str]) -> None:

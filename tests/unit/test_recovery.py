@@ -465,3 +465,46 @@ def test_a_report_during_a_storage_outage_gets_503_and_changes_nothing(coordinat
     assert ok(report(c, col["worker_id"], collect["task_id"], [(lost, 16)]))["accepted"] == 1
     assert balanced(c)["acknowledged"] == 2
 
+
+@pytest.mark.parametrize("backend,snapshot_every", [
+    ("directory", 3600.0), ("directory", 0.3), ("redis", 0.3)])
+def test_queue_chunks_consumed_before_a_crash_are_not_handed_out_again(
+        coordinator_pool, task_sink, tmp_path, backend, snapshot_every):
+    """On-policy data is used once: the consumption is journalled, so neither the journal's
+    inserts (no snapshot since) nor a snapshot taken while the chunks were in flight bring
+    back what a learner reported used before the coordinator was killed. The rate limiter
+    counts those chunks as handed out (else collectors wait for a learner with nothing to
+    take: a PPO run stopped dead after its coordinator restarted)."""
+    cfg = make_config(**QUEUE, coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0,
+                                            "snapshot_interval_s": snapshot_every})
+    cfg["name"] = f"consumed-{uuid.uuid4().hex[:12]}"
+    storage = REDIS_URL if backend == "redis" else tmp_path / "storage"
+    c = coordinator_pool.start(cfg, storage)
+    try:
+        col, collect, lrn, _ = collector_and_learner(c, task_sink)
+        ids = [uuid.uuid4().hex for _ in range(4)]
+        ok(report(c, col["worker_id"], collect["task_id"], [(cid, 16) for cid in ids]))
+        taken = ok(post(c, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 1,
+                                       "num_batches": 2, "wait_s": 0,
+                                       "by_buffer": {"rollouts": 1}}))["chunk_ids"]
+        assert taken == ids[:2]
+        if snapshot_every < 60:  # a snapshot holds them in flight (queued, once restored)
+            generation = get(c, "/status")["ledger"]["journal_generation"]
+            wait_for(lambda: get(c, "/status")["ledger"]["journal_generation"] > generation,
+                     what="a snapshot with the chunks in flight")
+        _learn_info(c, lrn["worker_id"], 1, [{"buffer": "rollouts", "chunk_ids": taken}])
+        sigkill(c)
+
+        c2 = coordinator_pool.start(cfg, storage, "--resume")
+        assert buffer_ids(c2, "rollouts") == ids[2:]
+        ledger = balanced(c2)
+        assert (ledger["acknowledged"], ledger["consumed"], ledger["in_buffers"]) == (4, 2, 2)
+        assert get(c2, "/buffers")["buffers"]["rollouts"]["sampled_items"] == 2 * 16
+        register(c2, "learner", task_sink(), lrn["worker_id"])
+        again = ok(post(c2, "/sample", {"worker_id": lrn["worker_id"], "batch_size": 1,
+                                        "num_batches": 8, "wait_s": 0,
+                                        "by_buffer": {"rollouts": 1}}))["chunk_ids"]
+        assert again == ids[2:]
+    finally:
+        if backend == "redis":
+            _wipe_redis(cfg["name"])
