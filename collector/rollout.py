@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from shared.algos.base import Policy
 from shared.envs import final_next_obs, reward_components
+from shared.goals import episode_success
 from shared.moments import RunningMoments
-from shared.schemas import GameRecord
+from shared.schemas import GameRecord, success_rate
 
 
 @dataclass
@@ -280,8 +282,21 @@ class Rollout:
             self._base += drop
 
 
+class Evaluated(NamedTuple):
+    """Evaluation episodes in the order they finished: return, length, and whether each
+    reached its goal (None where the env reports no `info["is_success"]`)."""
+
+    returns: list[float]
+    lengths: list[int]
+    successes: list[bool | None]
+
+    @property
+    def success_rate(self) -> float | None:
+        return success_rate(self.successes)
+
+
 def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
-             deterministic: bool = True) -> tuple[list[float], list[int]]:
+             deterministic: bool = True) -> Evaluated:
     """Run exactly `episodes` episodes spread evenly over the envs (env i runs episodes i,
     i+n, ...), so short episodes cannot crowd out long ones in the mean (the bias of
     counting whichever episodes finish first)."""
@@ -290,20 +305,20 @@ def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: in
     obs, _ = envs.reset(seed=seed)
     ep_return = np.zeros(n)
     ep_length = np.zeros(n, dtype=np.int64)
-    returns: list[float] = []
-    lengths: list[int] = []
+    out = Evaluated([], [], [])
     pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
     while (quota > 0).any():
         actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
-        next_obs, reward, terminated, truncated, _ = envs.step(actions)
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
         active = quota > 0
         ep_return += np.where(active, reward, 0.0)
         ep_length += active
         for i in np.flatnonzero((terminated | truncated) & active):
-            returns.append(float(ep_return[i]))
-            lengths.append(int(ep_length[i]))
+            out.returns.append(float(ep_return[i]))
+            out.lengths.append(int(ep_length[i]))
+            out.successes.append(episode_success(info, i))
             quota[i] -= 1
             ep_return[i] = 0.0
             ep_length[i] = 0
         obs = next_obs
-    return returns, lengths
+    return out

@@ -471,9 +471,13 @@ class CollectorService(WorkerService):
             self._refresh(policy, weights, force=True)
         runs = {}
         for deterministic in (True, False) if task.stochastic else (True,):
-            returns, lengths = evaluate(envs, policy, task.episodes, task.seed, deterministic)
+            done = evaluate(envs, policy, task.episodes, task.seed, deterministic)
+            # successes only from envs that report them: the report of any other env is
+            # what it always was
+            known = any(s is not None for s in done.successes)
             runs["deterministic" if deterministic else "stochastic"] = EvalEpisodes(
-                returns=returns, lengths=lengths)
+                returns=done.returns, lengths=done.lengths,
+                successes=done.successes if known else None)
         self.evaluations_run += 1
         try:
             video = self._record(task, policy, storage) if task.video else None

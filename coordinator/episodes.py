@@ -4,7 +4,8 @@ Collectors already report each chunk's finished episodes (return, length, reward
 and the env each ran in); the coordinator adds what only it knows (the collect task's seed,
 the run's env step and wall time when the chunk was accepted) and writes one JSON line per
 episode, flushed to the OS at once like `metrics.jsonl`, so a killed coordinator loses no row
-it acknowledged. Evaluation episodes go in the same table with `evaluation: true`.
+it acknowledged. Evaluation episodes go in the same table with `evaluation: true`, and
+`success` (goal-conditioned envs: reached its goal; null where the env reports no success).
 
 A row is written when its chunk report is accepted, never when a restart replays the journal
 (those rows were written the first time), so the table's training episodes add up to the
@@ -66,13 +67,15 @@ class EpisodeTable:
             episodes = getattr(req, mode)
             if episodes is None:
                 continue
-            for ret, length in zip(episodes.returns, episodes.lengths, strict=True):
+            successes = episodes.successes or [None] * len(episodes.returns)
+            for ret, length, success in zip(episodes.returns, episodes.lengths, successes,
+                                            strict=True):
                 rows.append({
                     "run": self.run, "worker_id": req.worker_id, "task_id": req.task_id,
                     "env_index": None, "seed": seed, "policy_version": req.policy_version,
                     "return": ret, "length": length, "return_components": None,
                     "wall_time": wall_time, "env_step": env_steps, "evaluation": True,
-                    "deterministic": mode == "deterministic"})
+                    "deterministic": mode == "deterministic", "success": success})
         self._write(rows)
 
     def _write(self, rows: list[dict[str, Any]]) -> None:

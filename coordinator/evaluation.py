@@ -29,6 +29,7 @@ from coordinator.tasks import TaskRecord, TaskTable
 from shared.config import RunConfig
 from shared.schemas import (
     BattleOutcome,
+    EvalEpisodes,
     EvalSummary,
     EvaluateTask,
     EvaluationList,
@@ -49,11 +50,12 @@ ShowVideo = Callable[[str, int, Path, "bytes | None", int], None]
 EVALUATION_WINDOW = 500  # evaluations kept in memory and in snapshots (`GET /evaluations`)
 
 
-def summarise_episodes(returns: list[float], lengths: list[int]) -> EvalSummary:
-    r = np.asarray(returns, dtype=np.float64)
+def summarise_episodes(episodes: EvalEpisodes) -> EvalSummary:
+    r = np.asarray(episodes.returns, dtype=np.float64)
     return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
                        return_min=float(r.min()), return_max=float(r.max()),
-                       length_mean=float(np.mean(lengths)))
+                       length_mean=float(np.mean(episodes.lengths)),
+                       success_rate=episodes.success_rate)
 
 
 def battle_rates(outcomes: list[BattleOutcome]) -> dict[str, dict[str, float]]:
@@ -168,14 +170,13 @@ class EvaluationSchedule:
                ) -> EvaluationResult:
         """Summarise a report the coordinator has checked and keep it; `record` is the run's
         logger, which the coordinator owns (it is created only after a restore)."""
-        det = summarise_episodes(req.deterministic.returns, req.deterministic.lengths)
-        sto = (summarise_episodes(req.stochastic.returns, req.stochastic.lengths)
-               if req.stochastic else None)
+        det = summarise_episodes(req.deterministic)
+        sto = summarise_episodes(req.stochastic) if req.stochastic else None
         result = EvaluationResult(
             task_id=req.task_id, worker_id=req.worker_id, policy_version=req.policy_version,
             env_steps=env_steps, train_iterations=train_iterations,
             episodes=det.episodes, return_mean=det.return_mean, return_std=det.return_std,
-            length_mean=det.length_mean, wall_time=wall_time,
+            length_mean=det.length_mean, wall_time=wall_time, success_rate=det.success_rate,
             deterministic=det, stochastic=sto, battles=battle_rates(req.battles),
             seq=self.total + 1)
         if req.video is not None:
@@ -191,9 +192,10 @@ class EvaluationSchedule:
             self.best_evaluation = result
             self._keep_best_policy(result)
         self.forget_evaluated(result.task_id)
-        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s",
+        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s%s",
                  result.policy_version, result.env_steps, result.return_mean,
-                 result.return_std, "".join(
+                 result.return_std, "" if result.success_rate is None
+                 else f", success {result.success_rate:.2f}", "".join(
                      f"; vs {k} {v['win']:.2f}/{v['draw']:.2f}/{v['loss']:.2f}"
                      for k, v in result.battles.items() if "/" not in k))
         return result

@@ -112,6 +112,16 @@ class CoordinatorCollector:
                 if summary is not None:
                     ev.add_metric([mode], summary.return_mean)
             yield ev
+            summaries = {mode: getattr(latest, mode) for mode in ("deterministic", "stochastic")}
+            rates = {mode: s.success_rate for mode, s in summaries.items()
+                     if s is not None and s.success_rate is not None}
+            if rates:  # goal-conditioned envs only: absent, not 0, for the others
+                success = GaugeMetricFamily("rlfleet_eval_success_rate",
+                                            "Share of the latest evaluation's episodes that "
+                                            "reached their goal, by mode.", labels=["mode"])
+                for mode, rate in rates.items():
+                    success.add_metric([mode], rate)
+                yield success
 
         yield from self._learner_group(c)
         yield GaugeMetricFamily("rlfleet_run_solved",

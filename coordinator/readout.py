@@ -86,7 +86,8 @@ class Readout:
         for mode in ("deterministic", "stochastic"):
             summary = (latest or {}).get(mode)
             for key, value in (summary or {}).items():
-                out[f"eval/{mode}/{key}"] = value
+                if value is not None:  # success_rate of an env without `is_success`
+                    out[f"eval/{mode}/{key}"] = value
         return out
 
     def status(self) -> dict:

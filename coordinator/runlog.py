@@ -143,8 +143,9 @@ class RunLog:
         for mode in ("deterministic", "stochastic"):
             summary = getattr(result, mode)
             if summary is not None:
+                # success_rate is None for envs that report no success: not logged
                 scalars.update({f"eval/{mode}/{k}": float(v)
-                                for k, v in summary.model_dump().items()})
+                                for k, v in summary.model_dump().items() if v is not None})
         for key, rates in result.battles.items():  # self-play: eval/vs_bot-random/win, ...
             opponent, _, seat = key.partition("/")
             prefix = f"eval/vs_{opponent}/" + (f"{seat}/" if seat else "")

@@ -10,7 +10,7 @@
     rlfleet single --config PATH                               # no HTTP, no storage
     rlfleet battle RUN_DIR [--games N]                         # a self-play policy vs bots
     rlfleet play RUN_DIR [--episodes N] [--video out.mp4] [--stochastic] [--seed S]
-    rlfleet serve-policy RUN_DIR --port P [--host H] [--threads N]   # POST /act
+    rlfleet serve-policy RUN_DIR --port P [--host H] [--threads N] [--reload-s S]  # POST /act
     rlfleet check --config PATH                                # build its env and policy
 
 Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
@@ -231,7 +231,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     from services.policy_server import serve_policy
 
     _setup_logging("serve-policy")
-    return serve_policy(Path(args.run_dir), args.host, args.port, args.threads)
+    return serve_policy(Path(args.run_dir), args.host, args.port, args.threads, args.reload_s)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -434,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=int(env("PORT", "8080")))
     sp.add_argument("--threads", type=int, default=int(env("THREADS", "4")),
                     help="HTTP threads (inference runs one batch at a time)")
+    sp.add_argument("--reload-s", type=float, default=float(env("RELOAD_S", "5")),
+                    help="seconds between checks for a newer best policy in RUN_DIR (a run "
+                    "still training), swapped in without a restart; 0: never")
     sp.set_defaults(func=cmd_serve_policy)
 
     sc = sub.add_parser("scale", help="change the number of collectors or learners of a "

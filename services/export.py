@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 # The env step a trained policy acts at "as when collecting": past every exploration schedule
 # (DQN: epsilon at its final value).
 COLLECTING_ENV_STEP = 2**62
+BEST_POLICY_FILE = "best_policy.safetensors"  # in the run dir: the run's result
 
 
 @dataclass
@@ -114,18 +115,26 @@ def load_best_policy(cfg: RunConfig, run_dir: Path, seed: int | None = None
     """The run's best-evaluated policy (`best_policy.safetensors`), ready to act, and its
     policy version. `seed` seeds its sampling (default: the run's seed). Acting is one
     torch thread, as in a collector."""
+    best = run_dir / BEST_POLICY_FILE
+    if not best.is_file():
+        raise ConfigError(f"{run_dir}: no {BEST_POLICY_FILE} (the run was never evaluated)")
+    return policy_from_blob(cfg, best.read_bytes(), seed)
+
+
+def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
+                     ) -> tuple[Policy, int]:
+    """A policy of the run's kind holding the weights of a safetensors blob, and the policy
+    version its metadata names. Raises (`CodecError`, torch's `RuntimeError`, ...) for a
+    blob that is not a whole policy of this run: the policy server's reloads keep the old
+    one then."""
     import torch
 
     from shared.algos.base import make_policy
     from shared.codec import decode_weights
     from shared.envs import run_spec
 
-    best = run_dir / "best_policy.safetensors"
-    if not best.is_file():
-        raise ConfigError(f"{run_dir}: no best_policy.safetensors (the run was never "
-                          "evaluated)")
     torch.set_num_threads(1)
-    state, meta = decode_weights(best.read_bytes())
+    state, meta = decode_weights(blob)
     version = int(meta.get("policy_version", 0))
     policy = make_policy(cfg.algo, run_spec(cfg), cfg.seed if seed is None else seed)
     policy.load_policy(version, state)

@@ -811,6 +811,9 @@ def _summary(status: dict | None, outcome: str, error: str | None, wall: float, 
         "eval_return_std": latest.get("return_std"),
         "eval_stochastic_return": (latest.get("stochastic") or {}).get("return_mean"),
         "best_eval_return": best.get("return_mean"),
+        # goal-conditioned envs (info["is_success"]); None for envs that report no success
+        "eval_success_rate": latest.get("success_rate"),
+        "best_eval_success_rate": best.get("success_rate"),
         "best_policy_version": best.get("policy_version"),
         "best_policy": str(best_policy) if best_policy and best_policy.exists() else None,
         # eval.video: every evaluation's video (videos/eval-<seq>-v<version>-<steps>.mp4)

@@ -7,6 +7,10 @@ evaluations act it (its deterministic action: DQN's greedy one, PPO's most likel
 its Gaussian's mean); `--stochastic` acts as collectors do (DQN: epsilon at its final value;
 PPO: sampled). Observations are normalised as the policy's version says (`algo.obs_norm`).
 
+Envs that report success (`info["is_success"]` at an episode's last step, as
+gymnasium-robotics' goal envs and `rlfleet/BitFlip-v0` do) get a success column and the
+success rate; other envs print none rather than a rate of 0.
+
 `--video PATH` records the first episode: the env is made with `render_mode="rgb_array"` and
 its frames are written as MP4 (`shared/video.py`, the `video` extra). An env that cannot
 render, a run directory without a config or a best policy, and a self-play run (its moves
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +32,8 @@ import numpy as np
 
 from services.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
 from shared.config import ConfigError, RunConfig
+from shared.goals import episode_success
+from shared.schemas import success_rate
 from shared.video import VideoUnavailable
 
 if TYPE_CHECKING:
@@ -50,10 +56,17 @@ class Played:
     lengths: list[int]
     video: Path | None = None
     frames: int = 0
+    # each episode's last `info["is_success"]`; None where the env reports no success
+    successes: list[bool | None] = field(default_factory=list)
 
     @property
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    @property
+    def success_rate(self) -> float | None:
+        """Goal-conditioned envs: the share of episodes that reached their goal."""
+        return success_rate(self.successes)
 
 
 def trained_policy(run_dir: Path, seed: int | None = None) -> tuple[RunConfig, Policy, int]:
@@ -133,6 +146,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
     writer = None
     returns: list[float] = []
     lengths: list[int] = []
+    successes: list[bool | None] = []
     try:
         fps = int(envs.metadata.get("render_fps") or DEFAULT_FPS)
         if video is not None:  # frames go to ffmpeg as they come: none are held in memory
@@ -153,7 +167,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
                         raise ConfigError(f"--video: {err}") from None
                 # Vector envs reset a finished env within the step (same-step autoreset):
                 # `obs` is then already the next episode's first observation.
-                obs, reward, terminated, truncated, _ = envs.step(
+                obs, reward, terminated, truncated, info = envs.step(
                     policy_actions(policy, obs, deterministic))
                 total += float(reward[0])
                 length += 1
@@ -161,6 +175,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
                     break
             returns.append(total)
             lengths.append(length)
+            successes.append(episode_success(info, 0))
     except ConfigError:  # no half-written video is left behind
         if writer is not None:
             writer.close()
@@ -172,7 +187,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
         if writer is not None:
             writer.close()
     played = Played(run_dir, cfg.env.id, cfg.algo.name, version, deterministic, seed,
-                    returns, lengths)
+                    returns, lengths, successes=successes)
     if writer is not None:
         played.video, played.frames = Path(video), writer.frames
     return played
@@ -186,14 +201,27 @@ def print_played(played: Played) -> None:
     console = Console(highlight=False)
     console.print(f"{played.run_dir}: {played.algo} policy version {played.policy_version} "
                   f"on {played.env_id}, {mode}, seed {played.seed}")
+    rate = played.success_rate  # a column only for envs that report success
     table = Table()
     table.add_column("episode", justify="right")
     table.add_column("return", justify="right")
     table.add_column("length", justify="right")
+    if rate is not None:
+        table.add_column("success", justify="right")
     for i, (ret, length) in enumerate(zip(played.returns, played.lengths, strict=True)):
-        table.add_row(str(i + 1), f"{ret:.2f}", str(length))
+        success = [] if rate is None else [_yes_no(played.successes[i])]
+        table.add_row(str(i + 1), f"{ret:.2f}", str(length), *success)
     table.add_section()
-    table.add_row("mean", f"{played.mean_return:.2f}", f"{np.mean(played.lengths):.1f}")
+    table.add_row("mean", f"{played.mean_return:.2f}", f"{np.mean(played.lengths):.1f}",
+                  *([] if rate is None else [f"{rate:.2f}"]))
     console.print(table)
+    if rate is not None:
+        known = [s for s in played.successes if s is not None]
+        console.print(f"success rate: {rate:.2f} ({sum(known)} of {len(known)} episodes "
+                      "reached their goal)")
     if played.video is not None:
         console.print(f"video of episode 1: {played.video} ({played.frames} frames)")
+
+
+def _yes_no(success: bool | None) -> str:
+    return "-" if success is None else "yes" if success else "no"

@@ -3,6 +3,15 @@
 The policy is the run's result (`best_policy.safetensors`), loaded as `rlfleet play` loads it
 (`services/play.py`), and it acts as evaluations act it unless a request asks otherwise.
 
+Pointed at a run that is still training, the server follows its best policy: every
+`--reload-s` seconds (default 5; 0: never) a thread of its own looks at the file's size and
+modification time, and when they changed it loads the new weights into a new policy object,
+off the request path, then swaps it in with one reference assignment. A request acts with
+the policy it picked up as it began, so it never sees half-loaded weights, and its answer
+names that policy's version. A file that is mid-write (it changed while being read),
+truncated or otherwise not a policy of this run leaves the old policy serving, with one
+warning per version of the file, and is tried again at the next check.
+
 - `POST /act` `{"obs": [[...], ...], "deterministic": true}`: a batch of 1 to `MAX_BATCH`
   raw observations (as the env returns them: the policy normalises them itself where the run
   used `algo.obs_norm`), answered with `{"actions": [...], "policy_version": V}`, one action
@@ -12,10 +21,10 @@ The policy is the run's result (`best_policy.safetensors`), loaded as `rlfleet p
   `deterministic: false` acts as collectors do (DQN: epsilon at its final value; PPO: sampled).
   Discrete actions are integers; continuous ones are lists, clipped to the action space as
   the run's envs clip them.
-- `GET /info`: the run, env id, observation shape and dtype, action space, algorithm, policy
-  version and the batch limit. `GET /health`: liveness, open without the token.
-  `GET /openapi.json`: this API as OpenAPI 3.1 (the coordinator's generator,
-  `coordinator/openapi.py`, over these routes).
+- `GET /info`: the run, env id, observation shape and dtype, action space, algorithm, the
+  policy version being served, the batch limit and the reload interval. `GET /health`:
+  liveness, open without the token. `GET /openapi.json`: this API as OpenAPI 3.1 (the
+  coordinator's generator, `coordinator/openapi.py`, over these routes).
 
 Every 4xx is JSON `{"error", "field"}` (`shared/webapp.py`): 400 naming `obs` for a wrong
 shape (the message says the expected one), an empty batch or more than `MAX_BATCH` rows;
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,16 +51,21 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
+from services.export import BEST_POLICY_FILE, policy_from_blob
 from services.play import policy_actions, trained_policy
+from shared.config import ConfigError
 from shared.schemas import Health, Request, Response
 from shared.webapp import BadRequest
 
 if TYPE_CHECKING:
     from flask import Flask
 
+    from shared.algos.base import Policy
+
 log = logging.getLogger("rlfleet.policy_server")
 
 MAX_BATCH = 4096  # observations a request
+DEFAULT_RELOAD_S = 5.0  # seconds between looks at the run's best policy
 _NUMBERS = {int, float}  # what JSON numbers parse to (never bool: `true` is not a number)
 
 
@@ -66,7 +81,9 @@ class ActRequest(Request):
 class ActResponse(Response):
     actions: list[Any] = Field(description="one action per observation: an integer "
                                "(discrete spaces) or a list of numbers (continuous ones)")
-    policy_version: int
+    policy_version: int = Field(description="the version of the policy that chose these "
+                                "actions (a newer best policy may be served by the next "
+                                "request)")
 
 
 class ActionSpace(Response):
@@ -88,21 +105,45 @@ class PolicyInfo(Response):
     obs_dtype: str
     action_space: ActionSpace
     max_batch: int
+    reload_s: float = Field(description="seconds between checks for a newer best policy in "
+                            "the run directory; 0: the policy loaded at start is kept")
+
+
+FileStamp = tuple[int, int]  # (size, mtime in ns): a file that changed has another
+_MISSING: FileStamp = (-1, -1)  # the stamp of a file that could not be looked at
+
+
+@dataclass(frozen=True)
+class ServedPolicy:
+    """The policy requests act with, and what it was loaded from; replaced whole, never
+    changed, so a request that picked one up keeps a consistent policy and version."""
+
+    policy: Policy
+    version: int
+    stamp: FileStamp | None
 
 
 class PolicyService:
-    """The served policy and what requests are checked against. It owns no thread:
-    `start` and `close` are what `services/serve.py` calls around serving."""
+    """The served policy and what requests are checked against. It owns one thread, the
+    reloader (`start` and `close` are what `services/serve.py` calls around serving)."""
 
     role = "policy-server"
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, reload_s: float = DEFAULT_RELOAD_S) -> None:
         import gymnasium as gym
 
         from shared.envs import make_vector_env
 
+        if not reload_s >= 0:  # also NaN
+            raise ConfigError(f"--reload-s={reload_s}: seconds between checks for a newer "
+                              "best policy, 0 or more (0: never)")
         self.run_dir = run_dir
-        self.cfg, self.policy, self.version = trained_policy(run_dir)
+        self.reload_s = reload_s
+        self.best_path = run_dir / BEST_POLICY_FILE
+        # stamped before it is read: a change meanwhile is loaded at the first check
+        stamp = _stamp(self.best_path)
+        self.cfg, policy, version = trained_policy(run_dir)
+        self.served = ServedPolicy(policy, version, stamp)
         envs = make_vector_env(self.cfg.env, 1, self.cfg.seed)
         try:
             self.obs_space = envs.single_observation_space
@@ -114,16 +155,69 @@ class PolicyService:
         self.obs_dtype = np.dtype(self.obs_space.dtype)
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._reloader: threading.Thread | None = None
+        self._warned: FileStamp | None = None  # the file version a warning was logged for
         self.on_fatal = None  # set by services/serve.py; nothing here can fail fatally
 
+    @property
+    def version(self) -> int:
+        return self.served.version
+
     def start(self) -> PolicyService:
-        log.info("serving %s: %s policy version %d on %s, obs %s %s", self.run_dir,
+        log.info("serving %s: %s policy version %d on %s, obs %s %s%s", self.run_dir,
                  self.cfg.algo.name, self.version, self.cfg.env.id, self.obs_shape,
-                 self.obs_dtype)
+                 self.obs_dtype, f"; a newer best policy is looked for every {self.reload_s:g} s"
+                 if self.reload_s else "")
+        if self.reload_s > 0:
+            self._reloader = threading.Thread(target=self._watch, name="policy-reload",
+                                              daemon=True)
+            self._reloader.start()
         return self
 
     def close(self) -> None:
-        """Nothing to release: the policy lives as long as the process."""
+        """Stop the reloader; the policy itself lives as long as the process."""
+        self._closing.set()
+        if self._reloader is not None:
+            self._reloader.join(timeout=30)
+
+    def _watch(self) -> None:
+        while not self._closing.wait(self.reload_s):
+            self.reload_if_changed()
+
+    def reload_if_changed(self) -> bool:
+        """Swap in the run's best policy if its file changed since the served one was read;
+        True when a new policy now serves. Any trouble keeps the old one (see the module's
+        docstring); the reloader calls this, and nothing on the request path does."""
+        stamp = _stamp(self.best_path)
+        if stamp is None:  # gone for a moment (a run dir being copied over, say)
+            self._warn_once(_MISSING, "it cannot be looked at")
+            return False
+        if stamp == self.served.stamp:
+            return False
+        try:
+            blob = self.best_path.read_bytes()
+            if _stamp(self.best_path) != stamp:  # still being written: next time
+                return False
+            policy, version = policy_from_blob(self.cfg, blob)
+        # Whatever a bad file makes decoding or the policy raise (a user's policy class
+        # included), serving goes on with the policy it has.
+        except Exception as err:
+            self._warn_once(stamp, f"{type(err).__name__}: {err}")
+            return False
+        old, self.served = self.served, ServedPolicy(policy, version, stamp)
+        self._warned = None
+        log.info("now serving policy version %d (was %d) from %s", version, old.version,
+                 self.best_path)
+        return True
+
+    def _warn_once(self, stamp: FileStamp, why: str) -> None:
+        """One warning per version of the file, not one every `reload_s` seconds."""
+        if self._warned == stamp:
+            return
+        self._warned = stamp
+        log.warning("%s was not loaded (%s); still serving policy version %d, trying "
+                    "again in %g s", self.best_path, why, self.version, self.reload_s)
 
     def info(self) -> PolicyInfo:
         space = self.action_space
@@ -135,7 +229,7 @@ class PolicyService:
         return PolicyInfo(run=str(self.run_dir), env_id=self.cfg.env.id,
                           algo=self.cfg.algo.name, policy_version=self.version,
                           obs_shape=list(self.obs_shape), obs_dtype=self.obs_dtype.name,
-                          action_space=action, max_batch=MAX_BATCH)
+                          action_space=action, max_batch=MAX_BATCH, reload_s=self.reload_s)
 
     def observations(self, obs: list[Any]) -> np.ndarray:
         """The request's observations as one array of the env's dtype, or a `BadRequest`
@@ -182,12 +276,24 @@ class PolicyService:
                 raise _at(arr, overflow, f"is outside {self.obs_dtype.name}'s range")
         return arr.astype(self.obs_dtype)
 
-    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+    def act(self, obs: np.ndarray, deterministic: bool) -> tuple[np.ndarray, int]:
+        """The actions for a batch and the version of the policy that chose them: the one
+        served as the request began, whatever the reloader swaps in meanwhile."""
+        served = self.served
         with self._lock:  # one forward pass at a time: samplers hold state
-            actions = policy_actions(self.policy, obs, deterministic)
+            actions = policy_actions(served.policy, obs, deterministic)
         if not self.discrete:  # as the run's envs clip them (shared/envs.py: ClipAction)
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
-        return actions
+        return actions, served.version
+
+
+def _stamp(path: Path) -> FileStamp | None:
+    """The file's size and modification time; None when it cannot be looked at."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def _bounds(values: np.ndarray) -> list[float | None]:
@@ -250,8 +356,8 @@ def create_app(service: PolicyService) -> Flask:
     def act():
         s = svc()
         req = parse_body(ActRequest)
-        actions = s.act(s.observations(req.obs), req.deterministic)
-        return jsonify({"actions": actions.tolist(), "policy_version": s.version})
+        actions, version = s.act(s.observations(req.obs), req.deterministic)
+        return jsonify({"actions": actions.tolist(), "policy_version": version})
 
     @app.get("/openapi.json")
     def openapi():
@@ -267,15 +373,18 @@ def create_app(service: PolicyService) -> Flask:
     return app
 
 
-def serve_policy(run_dir: Path, host: str, port: int, threads: int = 4) -> int:
-    """Serve the run's policy until SIGTERM/SIGINT; blocks and returns the exit code."""
+def serve_policy(run_dir: Path, host: str, port: int, threads: int = 4,
+                 reload_s: float = DEFAULT_RELOAD_S) -> int:
+    """Serve the run's policy until SIGTERM/SIGINT, following its newer best policies every
+    `reload_s` seconds; blocks and returns the exit code."""
     from services.serve import InProcessServer
     from shared.auth import load_token
     from shared.webapp import max_body_bytes
 
     load_token()  # a bad token or body-limit setting: exit 2 before the policy loads
     max_body_bytes()
-    server = InProcessServer(create_app(PolicyService(run_dir)), host, port, threads)
+    server = InProcessServer(create_app(PolicyService(run_dir, reload_s)), host, port,
+                             threads)
     server.listen()
     log.info("listening on http://%s:%d (POST /act, GET /info, GET /openapi.json)", host,
              server.port)

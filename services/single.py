@@ -38,7 +38,6 @@ from shared.codec import encode_weights
 from shared.config import ConfigError, RunConfig
 from shared.envs import EnvSpec, make_vector_env, run_spec
 from shared.frames import pack, packable
-from shared.goals import evaluate_goals
 from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
 from shared.storage import DirectoryStorage, snapshot_blob
 
@@ -58,7 +57,8 @@ class SingleResult:
     solved_s: float | None = None
     solved_env_steps: int | None = None
     games: int | None = None  # self-play: games played
-    eval_success: float | None = None  # goal-conditioned envs: the last evaluation's
+    # envs that report info["is_success"]: the last evaluation's share of successes
+    eval_success: float | None = None
     evaluations: list[dict] = field(default_factory=list)  # env_steps, return (, success)
 
 
@@ -239,13 +239,9 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
             next_eval, next_eval_it = steps + every, learner.train_iterations + every_it
             if games is not None:
                 eval_return = games.evaluate(actor, cfg.seed + steps)
-            elif spec.goal is not None:  # goal-conditioned: success counted too
-                returns, successes = evaluate_goals(eval_envs, actor, cfg.eval.episodes,
-                                                    cfg.seed + steps)
-                eval_return, eval_success = float(np.mean(returns)), float(np.mean(successes))
-            else:
-                returns, _ = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
-                eval_return = float(np.mean(returns))
+            else:  # success too, where the env reports `info["is_success"]`
+                done = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
+                eval_return, eval_success = float(np.mean(done.returns)), done.success_rate
             evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
                                 "return": eval_return, **({} if eval_success is None
                                                           else {"success": eval_success})})

@@ -8,8 +8,9 @@ records where each part lies (`GoalLayout`). The learner reads the layout to rel
 (hindsight experience replay), and calls the env's own `compute_reward` on the flattened
 parts.
 
-Success is what such envs report in `info["is_success"]` on an episode's last step;
-`evaluate_goals` counts it beside the returns.
+Success is what such envs report in `info["is_success"]` on an episode's last step
+(`episode_success`); evaluations count it beside the returns (`collector.rollout.evaluate`,
+`rlfleet play`), and an env that reports none has a success rate of None, not 0.
 """
 
 from __future__ import annotations
@@ -64,34 +65,14 @@ class FlattenGoalObs(gym.ObservationWrapper):
                                for s, k in zip(self._parts, GOAL_KEYS, strict=True)])
 
 
-def _success_at_end(info: dict, i: int) -> bool:
-    """`is_success` of env i's finished episode (same-step autoreset keeps the final step's
-    info under `final_info`)."""
-    for source in (info.get("final_info") or {}, info):
-        if "is_success" in source and source.get("_is_success", np.ones(i + 1, bool))[i]:
-            return bool(source["is_success"][i])
-    return False
-
-
-def evaluate_goals(envs: gym.vector.VectorEnv, policy, episodes: int, seed: int,
-                   deterministic: bool = True) -> tuple[list[float], list[bool]]:
-    """Run exactly `episodes` episodes spread evenly over the envs (as the collectors'
-    evaluation does); each one's return and whether it ended in success."""
-    n = envs.num_envs
-    quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
-    obs, _ = envs.reset(seed=seed)
-    ep_return = np.zeros(n)
-    returns: list[float] = []
-    successes: list[bool] = []
-    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
-    while (quota > 0).any():
-        actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
-        obs, reward, terminated, truncated, info = envs.step(actions)
-        active = quota > 0
-        ep_return += np.where(active, reward, 0.0)
-        for i in np.flatnonzero((terminated | truncated) & active):
-            returns.append(float(ep_return[i]))
-            successes.append(_success_at_end(info, i))
-            quota[i] -= 1
-            ep_return[i] = 0.0
-    return returns, successes
+def episode_success(info: dict, i: int) -> bool | None:
+    """Whether env i's episode, which ended at this vector step, ended in success: its final
+    step's `info["is_success"]`. Same-step autoreset keeps the final step's info under
+    `final_info` (the top level then holds the next episode's reset info, which must not
+    count). None when the env reports no success: "not measured" must not read as "failed"."""
+    final, has_final = info.get("final_info"), info.get("_final_info")
+    source = final if final and (has_final is None or has_final[i]) else info
+    if "is_success" not in source:
+        return None
+    present = source.get("_is_success")
+    return bool(source["is_success"][i]) if present is None or present[i] else None

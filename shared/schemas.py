@@ -10,7 +10,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 API = "/api/v1"
 
@@ -31,6 +39,8 @@ Return = Annotated[float, Field(ge=-MAX_RETURN, le=MAX_RETURN, allow_inf_nan=Fal
 # inf or NaN, but `1e400` parses as inf (and pydantic takes `NaN`); kept, one would come back
 # out as `Infinity`, which is not JSON.
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A share of episodes; None where it was not measured (an env that reports no success).
+SuccessRate = Annotated[float | None, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
 
 # `defer_build`: a model's validator is built when it is first used, not when this module is
@@ -435,16 +445,34 @@ class LearnInfoResponse(Response):
 EvalMode = Literal["deterministic", "stochastic"]
 
 
+def success_rate(successes: list[bool | None] | None) -> float | None:
+    """The share of episodes that reached their goal, over those whose env said; None when
+    none did (an env without `info["is_success"]`): "not measured" is not "never"."""
+    known = [bool(s) for s in successes or () if s is not None]
+    return sum(known) / len(known) if known else None
+
+
 class EvalEpisodes(Request):
     returns: list[Return] = Field(min_length=1, max_length=100_000)
     lengths: list[Count] = Field(min_length=1, max_length=100_000)
+    successes: list[StrictBool | None] | None = Field(None, max_length=100_000, description=(
+        "goal-conditioned envs: whether each episode ended in success (its last step's "
+        "`info['is_success']`; null where the env did not say); absent when the env reports "
+        "no success at all"))
 
     @model_validator(mode="after")
     def _same_length(self) -> EvalEpisodes:
         if len(self.returns) != len(self.lengths):
             raise ValueError(f"returns has {len(self.returns)} entries but lengths has "
                              f"{len(self.lengths)}")
+        if self.successes is not None and len(self.successes) != len(self.returns):
+            raise ValueError(f"successes has {len(self.successes)} entries but returns has "
+                             f"{len(self.returns)}")
         return self
+
+    @property
+    def success_rate(self) -> float | None:
+        return success_rate(self.successes)
 
 
 class BattleOutcome(Request):
@@ -486,6 +514,7 @@ class EvalSummary(Response):
     return_min: float
     return_max: float
     length_mean: float
+    success_rate: SuccessRate = None
 
 
 class EvaluationResult(Response):
@@ -502,6 +531,9 @@ class EvaluationResult(Response):
     return_std: float
     length_mean: float
     wall_time: float
+    success_rate: SuccessRate = Field(None, description=(
+        "goal-conditioned envs: the share of deterministic episodes that reached their goal "
+        "(`info['is_success']` at their last step); null for envs that report no success"))
     deterministic: EvalSummary | None = None
     stochastic: EvalSummary | None = None
     battles: dict[str, dict[str, float]] = Field(

@@ -10,11 +10,12 @@ import json
 import numpy as np
 import yaml
 
+from collector.rollout import evaluate
 from services.export import load_best_policy, read_run_config
 from services.single import run_single
 from shared.config import parse_config
 from shared.envs import make_vector_env
-from shared.goals import evaluate_goals
+from shared.rundata import load_run
 
 from .helpers import REPO
 
@@ -47,12 +48,19 @@ def test_her_solves_bit_flipping_through_the_cluster_and_plain_dqn_does_not(laun
     cfg = read_run_config(run)
     policy, _ = load_best_policy(cfg, run)
     envs = make_vector_env(cfg.env, 20, seed=12345)
-    returns, successes = evaluate_goals(envs, policy, 200, seed=12345)
+    returns, _, successes = evaluate(envs, policy, 200, seed=12345)
     envs.close()
     success = float(np.mean(successes))
     assert success >= 0.9, (success, np.mean(returns))
     # an episode succeeds exactly when it returns more than -n_bits
     assert successes == [r > -N_BITS for r in returns]
+    # the cluster's own evaluations count success as the env reports it, episode by episode
+    evaluations = json.loads((run / "evaluations.json").read_text())
+    assert evaluations and all(0.0 <= e["success_rate"] <= 1.0 for e in evaluations)
+    assert summary["best_eval_success_rate"] is not None
+    table = load_run(run).episodes
+    evals = table[table["evaluation"]]
+    assert len(evals) > 0 and (evals["success"] == (evals["return"] > -N_BITS)).all()
 
     plain = _config(tmp_path, her=False)
     plain["eval"].update(every_env_steps=4000, stop_value=None)

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -401,3 +402,128 @@ def test_serve_policy_takes_uint8_frames(tmp_path: Path, monkeypatch: pytest.Mon
         assert words in resp.json["error"]
     whole = frames[:1].astype(np.float64).tolist()  # 7.0 is the integer 7
     assert client.post("/act", json={"obs": whole}).status_code == 200
+
+
+# -- success rates in `rlfleet play` ------------------------------------------------------------
+
+def test_play_reports_the_success_rate_of_envs_that_say(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture):
+    """Bit flipping sets `info["is_success"]`: play counts it per episode (an episode
+    succeeds exactly when it returns more than -n_bits) and prints the rate; CartPole says
+    nothing, and play prints no rate rather than 0."""
+    from services.play import play_run, print_played
+
+    bits = 3
+    bitflip = _untrained_run(tmp_path, "bitflip", _config(
+        "bitflip-her.yaml", env={"kwargs": {"n_bits": bits}, "num_envs": 2}))
+    played = play_run(bitflip, episodes=6)
+    assert len(played.successes) == 6 and all(isinstance(s, bool) for s in played.successes)
+    assert played.successes == [r > -bits for r in played.returns]
+    assert played.success_rate == pytest.approx(np.mean(played.successes))
+    print_played(played)
+    out = capsys.readouterr().out
+    assert f"success rate: {played.success_rate:.2f} ({sum(played.successes)} of 6" in out
+    assert "┃ success ┃" in out  # a column, each episode's yes or no
+
+    cartpole = _untrained_run(tmp_path, "cartpole", _config("cartpole-dqn.yaml"))
+    played = play_run(cartpole, episodes=2)
+    assert played.successes == [None, None] and played.success_rate is None
+    print_played(played)
+    out = capsys.readouterr().out
+    table = out.split("\n", 1)[1]  # below the first line, which names the run dir
+    assert "success" not in table and len(_episode_rows(out)) == 2
+
+
+# -- serve-policy follows a run's newer best policy ---------------------------------------------
+
+def _write_best(run_dir: Path, seed: int, version: int):
+    """A new best policy in the run dir, written as the coordinator writes it (a temporary
+    file renamed over the old one); returns it, loaded for comparison."""
+    from shared.algos.base import make_policy
+    from shared.codec import encode_weights
+    from shared.config import load_config
+    from shared.envs import run_spec
+
+    cfg = load_config(run_dir / "config.yaml")
+    policy = make_policy(cfg.algo, run_spec(cfg), seed)
+    policy.load_policy(version, policy.policy_state())
+    tmp = run_dir / "best_policy.safetensors.tmp"
+    tmp.write_bytes(encode_weights(policy.policy_state(), {"policy_version": str(version)}))
+    tmp.replace(run_dir / "best_policy.safetensors")
+    return policy
+
+
+def test_serve_policy_swaps_in_a_newer_best_policy_and_rides_out_a_broken_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    """Over real HTTP: every answer names the version that chose its actions, and its
+    actions are that version's greedy ones (a request never acts with half-loaded weights),
+    while another thread keeps asking throughout. A truncated file keeps the served policy,
+    with one warning however many checks see it; a good file after it is served again."""
+    import logging
+    import threading
+
+    from services.policy_server import PolicyService, create_app
+    from services.serve import InProcessServer
+    from shared.config import ConfigError
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    run_dir = _untrained_run(tmp_path, "training", _config("cartpole-dqn.yaml"), version=7)
+    with pytest.raises(ConfigError, match="--reload-s=-1"):
+        PolicyService(run_dir, reload_s=-1)
+    policies = {7: _policy_of(run_dir)[0]}
+    obs = _observations("CartPole-v1", 16).astype(np.float32)
+    greedy = {}
+
+    def expected(version: int) -> list:
+        if version not in greedy:
+            greedy[version] = policies[version].act_eval(obs, True).tolist()
+        return greedy[version]
+
+    server = InProcessServer(create_app(PolicyService(run_dir, reload_s=0.1)), "127.0.0.1",
+                             free_port(), threads=2).listen()
+    url = f"http://127.0.0.1:{server.port}"
+    runner = threading.Thread(target=server.run, kwargs={"install_signals": False})
+    runner.start()
+    stop, seen, wrong = threading.Event(), set(), []
+
+    def hammer() -> None:
+        with requests.Session() as s:
+            while not stop.is_set():
+                body = s.post(f"{url}/act", json={"obs": obs.tolist()}, timeout=5).json()
+                seen.add(body["policy_version"])
+                if body["actions"] != expected(body["policy_version"]):
+                    wrong.append(body)
+
+    def version() -> int:
+        return requests.post(f"{url}/act", json={"obs": obs[:1].tolist()},
+                             timeout=5).json()["policy_version"]
+
+    caplog.set_level(logging.INFO, logger="rlfleet.policy_server")
+    asking = threading.Thread(target=hammer)
+    try:
+        wait_for(lambda: version() == 7, 10, "the first policy")
+        asking.start()
+        policies[9] = _write_best(run_dir, seed=9, version=9)
+        wait_for(lambda: version() == 9, 10, "version 9 to be served")
+        assert requests.get(f"{url}/info", timeout=5).json()["policy_version"] == 9
+        good = (run_dir / "best_policy.safetensors").read_bytes()
+        half = run_dir / "half.tmp"  # renamed in whole: one broken version of the file
+        half.write_bytes(good[:len(good) // 2])
+        half.replace(run_dir / "best_policy.safetensors")
+        wait_for(lambda: "was not loaded" in caplog.text, 10, "a warning about the file")
+        swaps = caplog.text.count("now serving")
+        time.sleep(1.0)  # about ten more checks of the same broken file
+        assert version() == 9 and caplog.text.count("was not loaded") == 1
+        assert caplog.text.count("now serving") == swaps
+        policies[12] = _write_best(run_dir, seed=12, version=12)
+        wait_for(lambda: version() == 12, 10, "version 12 to be served")
+    finally:
+        stop.set()
+        if asking.is_alive():
+            asking.join(timeout=10)
+        server.request_stop()
+        runner.join(timeout=30)
+    assert not wrong, wrong[:1]
+    assert {7, 9} <= seen <= {7, 9, 12}
+    assert not runner.is_alive()

@@ -7,10 +7,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from collector.rollout import evaluate
 from shared.bitflip import BitFlipEnv
 from shared.config import EnvConfig
 from shared.envs import env_spec, goal_functions, make_vector_env
-from shared.goals import FlattenGoalObs, evaluate_goals
+from shared.goals import FlattenGoalObs
 
 N = 7
 CFG = EnvConfig(id="rlfleet/BitFlip-v0", kwargs={"n_bits": N})
@@ -74,7 +75,7 @@ def test_made_by_id_and_flattened_in_a_fixed_order():
 @pytest.mark.parametrize("policy, low, high", [(Perfect(), 1.0, 1.0), (Stubborn(), 0.0, 0.5)])
 def test_evaluation_counts_success_from_the_envs_info(policy, low, high):
     envs = make_vector_env(CFG, 5, seed=0)
-    returns, successes = evaluate_goals(envs, policy, 40, seed=0)
+    returns, _, successes = evaluate(envs, policy, 40, seed=0)
     envs.close()
     assert len(returns) == len(successes) == 40
     assert low <= np.mean(successes) <= high

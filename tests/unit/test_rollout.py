@@ -211,7 +211,7 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     envs = make_vector_env(EnvConfig(id="my_rl:LengthByIndex", num_envs=num_envs),
                            num_envs, seed=0)
     try:
-        returns, lengths = evaluate(envs, RandomPolicy(0), episodes, seed=1)
+        returns, lengths, successes = evaluate(envs, RandomPolicy(0), episodes, seed=1)
     finally:
         envs.close()
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
@@ -219,6 +219,7 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     assert Counter(lengths) == expected
     assert returns == [float(m) for m in lengths]  # reward 1 per step
     assert len(returns) == episodes
+    assert successes == [None] * episodes  # the env reports no `is_success`
     mean = sum(2 * (i + 1) * q for i, q in enumerate(quota)) / episodes
     assert float(np.mean(returns)) == pytest.approx(mean)
 
