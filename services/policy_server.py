@@ -158,6 +158,7 @@ class PolicyService:
         self._closing = threading.Event()
         self._reloader: threading.Thread | None = None
         self._warned: FileStamp | None = None  # the file version a warning was logged for
+        self.checks = 0  # looks the reloader took at the file (a test waits on it)
         self.on_fatal = None  # set by services/serve.py; nothing here can fail fatally
 
     @property
@@ -184,6 +185,7 @@ class PolicyService:
     def _watch(self) -> None:
         while not self._closing.wait(self.reload_s):
             self.reload_if_changed()
+            self.checks += 1
 
     def reload_if_changed(self) -> bool:
         """Swap in the run's best policy if its file changed since the served one was read;

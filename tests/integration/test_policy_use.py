@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -480,8 +479,8 @@ def test_serve_policy_swaps_in_a_newer_best_policy_and_rides_out_a_broken_one(
             greedy[version] = policies[version].act_eval(obs, True).tolist()
         return greedy[version]
 
-    server = InProcessServer(create_app(PolicyService(run_dir, reload_s=0.1)), "127.0.0.1",
-                             free_port(), threads=2).listen()
+    service = PolicyService(run_dir, reload_s=0.1)
+    server = InProcessServer(create_app(service), "127.0.0.1", free_port(), threads=2).listen()
     url = f"http://127.0.0.1:{server.port}"
     runner = threading.Thread(target=server.run, kwargs={"install_signals": False})
     runner.start()
@@ -513,7 +512,9 @@ def test_serve_policy_swaps_in_a_newer_best_policy_and_rides_out_a_broken_one(
         half.replace(run_dir / "best_policy.safetensors")
         wait_for(lambda: "was not loaded" in caplog.text, 10, "a warning about the file")
         swaps = caplog.text.count("now serving")
-        time.sleep(1.0)  # about ten more checks of the same broken file
+        checks = service.checks
+        wait_for(lambda: service.checks >= checks + 10, 10,
+                 "ten more checks of the same broken file")
         assert version() == 9 and caplog.text.count("was not loaded") == 1
         assert caplog.text.count("now serving") == swaps
         policies[12] = _write_best(run_dir, seed=12, version=12)
