@@ -23,6 +23,7 @@ import pytest
 import requests
 import yaml
 
+from bench.serve_policy import observations
 from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV
 
 from .helpers import REPO, Processes, Up, config_from, free_port, wait_for
@@ -73,23 +74,6 @@ def _policy_of(run_dir: Path):
     policy = make_policy(cfg.algo, run_spec(cfg), 0)
     policy.load_policy(int(meta["policy_version"]), state)
     return policy, int(meta["policy_version"])
-
-
-def _observations(env_id: str, n: int, seed: int = 0, **kwargs) -> np.ndarray:
-    """`n` observations met on random walks through the env."""
-    import gymnasium as gym
-
-    env = gym.make(env_id, **kwargs)
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    out = []
-    for _ in range(n):
-        out.append(obs)
-        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
-        if terminated or truncated:
-            obs, _ = env.reset()
-    env.close()
-    return np.stack(out)
 
 
 # -- rlfleet play -----------------------------------------------------------------------------
@@ -227,7 +211,7 @@ def test_serve_policy_answers_batches_with_the_policys_actions(served, trained_r
     assert info["action_space"]["kind"] == "discrete" and info["action_space"]["n"] == 2
     assert info["policy_version"] == version and info["max_batch"] == 4096
 
-    obs = _observations("CartPole-v1", 64).astype(np.float32)
+    obs = observations("CartPole-v1", 64).astype(np.float32)
     for batch in (obs[:1], obs):
         resp = _act(served.url, {"obs": batch.tolist()})
         assert resp.status_code == 200, resp.text
@@ -352,7 +336,7 @@ def test_serve_policy_acts_for_each_kind_of_policy(kind: str, tmp_path: Path,
     _, client = _client(run_dir, monkeypatch)
     policy, version = _policy_of(run_dir)
     space = gym.make(env_id).action_space
-    obs = _observations(env_id, 32).astype(np.float32)
+    obs = observations(env_id, 32).astype(np.float32)
     pre = getattr(policy, "preprocess", lambda o: o)
     greedy = np.asarray(policy.act_eval(pre(obs), True))
     resp = client.post("/act", json={"obs": obs.tolist()})
@@ -471,7 +455,7 @@ def test_serve_policy_swaps_in_a_newer_best_policy_and_rides_out_a_broken_one(
     with pytest.raises(ConfigError, match="--reload-s=-1"):
         PolicyService(run_dir, reload_s=-1)
     policies = {7: _policy_of(run_dir)[0]}
-    obs = _observations("CartPole-v1", 16).astype(np.float32)
+    obs = observations("CartPole-v1", 16).astype(np.float32)
     greedy = {}
 
     def expected(version: int) -> list:
