@@ -8,6 +8,7 @@ its children inherit, so a test can prove that nothing it started outlives it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -285,3 +286,23 @@ class Up:
         for pid in self.descendants():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def metric_records(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl as records, leaving out a last line cut short by a SIGKILL."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def checkpoint_index(run_dir: Path) -> list[dict]:
+    """The learner's checkpoint index in a directory-storage run ([] while there is none,
+    or while it is being rewritten)."""
+    index = run_dir / "storage" / "blobs" / "ckpt-index"
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        return json.loads(index.read_text())["checkpoints"]
+    return []

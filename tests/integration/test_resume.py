@@ -11,32 +11,15 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from shared.rundata import load_run
 
-from .helpers import REPO, marked_env, small_config, wait_for
+from .helpers import REPO, checkpoint_index, marked_env, metric_records, small_config, wait_for
 
 INTERVALS = {"collect": 1000, "train": 1000, "update": 1000, "info": 2000}
-
-
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-            out.append(json.loads(line))
-    return out
-
-
-def _checkpoints(run_dir: Path) -> list[dict]:
-    index = run_dir / "storage" / "blobs" / "ckpt-index"
-    return json.loads(index.read_text())["checkpoints"] if index.exists() else []
 
 
 def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path):
@@ -53,8 +36,8 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
                 "--quiet")
 
     def trained_a_while() -> bool:
-        train = [r for r in _records(run_dir) if r["scope"] == "train"]
-        return (len(train) >= 6 and len(_checkpoints(run_dir)) >= 1
+        train = [r for r in metric_records(run_dir) if r["scope"] == "train"]
+        return (len(train) >= 6 and len(checkpoint_index(run_dir)) >= 1
                 and (run_dir / "storage" / "blobs" / "snapshot.coordinator").exists())
 
     wait_for(trained_a_while, 120, "a few train records, a checkpoint and a snapshot")
@@ -65,9 +48,9 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
             os.kill(pid, signal.SIGKILL)
     up.proc.wait(timeout=30)
     wait_for(lambda: not up.descendants(), 15, "every killed process to be gone")
-    before = _records(run_dir)
+    before = metric_records(run_dir)
     steps_before = max(r["step"] for r in before)
-    last_checkpoint = _checkpoints(run_dir)[-1]["train_iterations"]
+    last_checkpoint = checkpoint_index(run_dir)[-1]["train_iterations"]
 
     resumed = subprocess.run(
         [sys.executable, "-m", "services.cli", "resume", str(run_dir), "--quiet"], cwd=REPO,
@@ -93,7 +76,7 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
     # plus a chunk from each collector: records are written as chunk reports arrive (one CI
     # run's collect gap was 24 steps past usual + interval)
     slack = summary["collectors"] * 128  # configs/cartpole-dqn.yaml's collector.chunk_size
-    records = _records(run_dir)
+    records = metric_records(run_dir)
     for scope, interval in INTERVALS.items():
         steps = np.array([r["step"] for r in records if r["scope"] == scope])
         assert len(steps) > 3, scope

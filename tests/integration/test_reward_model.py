@@ -19,30 +19,13 @@ import yaml
 
 from shared.codec import decode_weights
 
-from .helpers import REPO, marked_env, wait_for
+from .helpers import REPO, checkpoint_index, marked_env, metric_records, wait_for
 
 pytestmark = pytest.mark.slow
 
 BATCH = 64  # configs/mountaincar-rnd.yaml's algo.batch_size: RND counts every row it trains on
 METRICS = ("train/reward_model/predictor_loss", "train/reward_model/intrinsic_mean",
            "train/reward_model/intrinsic_std", "train/reward_model/reward_mean")
-
-
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-                out.append(json.loads(line))
-    return out
-
-
-def _checkpoints(run_dir: Path) -> list[dict]:
-    index = run_dir / "storage" / "blobs" / "ckpt-index"
-    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-        return json.loads(index.read_text())["checkpoints"]
-    return []
 
 
 def _checkpoint(run_dir: Path, entry: dict) -> dict:
@@ -83,9 +66,9 @@ def test_rnd_on_mountaincar_logs_checkpoints_and_resumes_its_reward_model(launch
         if up.proc.poll() is not None:
             raise AssertionError(f"rlfleet up exited with {up.proc.returncode}: "
                                  f"{up.proc.stderr.read()[-3000:]}")
-        train = [r for r in _records(run_dir) if r["scope"] == "train"
+        train = [r for r in metric_records(run_dir) if r["scope"] == "train"
                  and METRICS[0] in r]
-        return len(train) >= 2 and len(_checkpoints(run_dir)) >= 2 and \
+        return len(train) >= 2 and len(checkpoint_index(run_dir)) >= 2 and \
             (run_dir / "storage" / "blobs" / "snapshot.coordinator").exists()
 
     wait_for(trained_a_while, 180, "train records with reward model metrics and 2 checkpoints")
@@ -96,12 +79,12 @@ def test_rnd_on_mountaincar_logs_checkpoints_and_resumes_its_reward_model(launch
     wait_for(lambda: not up.descendants(), 15, "every killed process to be gone")
 
     # the metrics, logged with the train record
-    before = [r for r in _records(run_dir) if r["scope"] == "train" and METRICS[0] in r]
+    before = [r for r in metric_records(run_dir) if r["scope"] == "train" and METRICS[0] in r]
     for record in before:
         for key in METRICS:
             assert key in record, (key, sorted(record))
         assert record["train/reward_model/intrinsic_mean"] > 0
-    last = _checkpoints(run_dir)[-1]
+    last = checkpoint_index(run_dir)[-1]
     _assert_model_state(_checkpoint(run_dir, last), last["train_iterations"])
 
     resumed = subprocess.run(
@@ -116,9 +99,9 @@ def test_rnd_on_mountaincar_logs_checkpoints_and_resumes_its_reward_model(launch
     learner_log = (run_dir / "logs" / "learner.log").read_text()
     assert f"resumed from checkpoint at train iteration {last['train_iterations']}" \
         in learner_log
-    final = _checkpoints(run_dir)[-1]
+    final = checkpoint_index(run_dir)[-1]
     assert final["train_iterations"] > last["train_iterations"]
     _assert_model_state(_checkpoint(run_dir, final), final["train_iterations"])
-    after = [r for r in _records(run_dir) if r["scope"] == "train" and METRICS[0] in r
+    after = [r for r in metric_records(run_dir) if r["scope"] == "train" and METRICS[0] in r
              and r["step"] > before[-1]["step"]]
     assert after, "no train records with the reward model's metrics after the resume"
