@@ -6,8 +6,9 @@ each chunk, so a chunk is deleted from storage exactly when the last buffer lets
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
 from coordinator.buffers.episode import EpisodeBuffer
@@ -44,13 +45,18 @@ def make_limiter(cfg: BufferConfig) -> RateLimiter:
 class ChunkRegistry:
     """chunk id -> number of buffers that refer to it, plus the ids released lately: a
     collector's retried report of a chunk that was already evicted and deleted must not be
-    indexed again (its bytes are gone). Retries come within seconds; 25,000 ids (about 5 MB)
-    cover most of an hour of a fast run's chunks."""
+    indexed again (its bytes are gone). A collector resends an unanswered report within
+    seconds (its backoff tops out at 2 s), so ids released in the last `remember_s` (10
+    minutes), at most `remember_released` of them, are remembered: a fast run's window fills
+    in minutes and then stays at about 2 MB, instead of growing for an hour."""
 
-    def __init__(self, remember_released: int = 25_000) -> None:
+    def __init__(self, remember_released: int = 25_000, remember_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.refs: dict[str, int] = {}
-        self._released: OrderedDict[str, None] = OrderedDict()
+        self._released: OrderedDict[str, float] = OrderedDict()  # id -> when, oldest first
         self._remember = remember_released
+        self._remember_s = remember_s
+        self._clock = clock
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.refs
@@ -68,17 +74,25 @@ class ChunkRegistry:
     def release(self, chunk_ids: Iterable[str]) -> list[str]:
         """Drop one reference each; returns the ids nobody refers to any more."""
         dead = []
+        now = self._clock()
         for chunk_id in chunk_ids:
             n = self.refs.get(chunk_id, 0) - 1
             if n <= 0:
                 self.refs.pop(chunk_id, None)
                 dead.append(chunk_id)
-                self._released[chunk_id] = None
+                self._released[chunk_id] = now
                 if len(self._released) > self._remember:
                     self._released.popitem(last=False)
             else:
                 self.refs[chunk_id] = n
+        released, horizon = self._released, now - self._remember_s
+        while released and next(iter(released.values())) < horizon:
+            released.popitem(last=False)
         return dead
+
+    def remembered(self) -> int:
+        """Released ids still remembered (for /status and the soak)."""
+        return len(self._released)
 
 
 __all__ = ["Buffer", "ChunkInfo", "ChunkRegistry", "EpisodeBuffer", "PrioritizedBuffer",

@@ -28,6 +28,9 @@ def _config(tmp_path, base: str):
     for buffer in data["buffers"].values():
         buffer["rate_limit"]["min_size"] = 512
         buffer["rate_limit"]["error_buffer"] = 4096
+        if buffer.get("kind") != "queue":  # a Nature CNN update of 32 stacks takes ~0.2 s
+            buffer["rate_limit"]["samples_per_insert"] = 0.5  # on one core: keep them few
+            buffer["rate_limit"]["error_buffer"] = 256
     data["learner"]["chunk_cache"] = 64
     data["eval"] = {"every_env_steps": 4000, "episodes": 2, "num_envs": 2, "stop_value": 21}
     data["stop"] = {"max_env_steps": 6000, "max_wall_s": 240}

@@ -73,7 +73,7 @@ def test_limit_pages_the_answer():
 
 
 def test_a_reader_that_fell_behind_the_capacity_is_told_what_it_missed():
-    feed = RecordFeed(capacity=5)
+    feed = RecordFeed(capacity=5, history=0)
     fill(feed, 12)
     page = feed.since(2)
     assert [r["seq"] for r in page["records"]] == [8, 9, 10, 11, 12]
@@ -82,6 +82,46 @@ def test_a_reader_that_fell_behind_the_capacity_is_told_what_it_missed():
     assert feed.since(12)["missed"] == 0 and feed.since(12)["records"] == []
     # A cursor from another coordinator process, beyond this feed's end: nothing, no error.
     assert feed.since(99) == {**feed.since(12), "next": 12}
+
+
+def test_older_records_are_thinned_evenly_per_scope_and_memory_stays_flat():
+    """Past the whole-kept window each scope keeps every k-th record, k doubling as the run
+    grows: a page opened late still gets the whole run, and the feed's size levels off."""
+    feed = RecordFeed(capacity=10, history=8)
+    fill(feed, 1000, "info")
+    fill(feed, 3, "eval", start=5000)  # a rare scope keeps its records whatever the others do
+    kept = feed.kept()
+    fill(feed, 1000, "info", start=1000)
+    assert feed.kept() <= kept + 4, "the feed does not grow with the run"
+    page = feed.since(0, limit=10_000)
+    seqs = [r["seq"] for r in page["records"]]
+    assert seqs == sorted(seqs) and seqs[0] == 1, "the run's first record is kept"
+    assert [r["step"] for r in page["records"] if r["scope"] == "eval"] == [5000, 5001, 5002]
+    info = [r["step"] for r in page["records"] if r["scope"] == "info"]
+    old = info[:-10]  # the thinned part: an even stride
+    strides = {b - a for a, b in zip(old, old[1:], strict=False)}
+    assert len(strides) == 1 and strides.pop() >= 128
+    assert info[-10:] == list(range(1990, 2000)), "the newest records are kept whole"
+    assert page["missed"] == 2003 - len(seqs) and not page["more"]
+    # the eval scope alone: its three records, the others looked past
+    only = feed.since(0, ["eval"])
+    assert [r["step"] for r in only["records"]] == [5000, 5001, 5002]
+    assert only["next"] == 2003 and not only["more"]
+
+
+def test_a_limited_page_through_the_thinned_history_goes_on_where_it_stopped():
+    feed = RecordFeed(capacity=4, history=4)
+    fill(feed, 40)
+    everything = [r["seq"] for r in feed.since(0, limit=100)["records"]]
+    seen, cursor, missed = [], 0, 0
+    while True:
+        page = feed.since(cursor, limit=3)
+        seen += [r["seq"] for r in page["records"]]
+        missed += page["missed"]
+        cursor = page["next"]
+        if not page["more"]:
+            break
+    assert seen == everything and missed == 40 - len(everything)
 
 
 def test_each_feed_has_its_own_epoch():
