@@ -16,9 +16,12 @@ $(STAMP): pyproject.toml
 
 # The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`, `datasets`, and
 # `browser` for the dashboard's test): installed on top, so `make up` stays lean.
-$(GAMES): $(STAMP)
+# One pip run for all of it on a fresh machine (not `.[dev]` first and then again).
+$(GAMES): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables]'
-	@touch $(GAMES)
+	@touch $(STAMP) $(GAMES)
 
 install: $(STAMP)
 

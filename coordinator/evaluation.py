@@ -279,7 +279,9 @@ class EvaluationSchedule:
         return {"next_eval_at": self.next_eval_at,
                 "next_eval_iteration": self.next_eval_iteration,
                 "best_policy_version": self.best_policy_version,
-                "evaluations": [e.model_dump() for e in self.evaluations],
+                # a copy first (one C call): reports append from request threads while
+                # the snapshot thread is here
+                "evaluations": [e.model_dump() for e in list(self.evaluations)],
                 "evaluations_total": self.total,
                 "best_evaluation": (self.best_evaluation.model_dump()
                                     if self.best_evaluation else None)}

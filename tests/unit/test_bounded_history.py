@@ -3,6 +3,9 @@ departed workers. A run left for a week reports about a million evaluations."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
 import pytest
 
 from coordinator import evaluation, membership, tasks
@@ -105,3 +108,28 @@ def test_only_the_newest_departed_workers_are_remembered(monkeypatch):
     members.register(Role.COLLECTOR, "http://127.0.0.1:9", "collector-new")
     kept = {w.worker_id for w in members.all()}
     assert kept == {alive.worker_id, "collector-5", "collector-6", "collector-new"}
+
+
+def test_a_snapshot_reads_the_window_while_reports_arrive(schedule):
+    """The snapshot thread dumps the evaluation window while request threads append to it
+    (a 36-minute soak lost a snapshot to "deque mutated during iteration")."""
+    schedule.evaluations = deque(maxlen=500)
+    _evaluate(schedule, 500)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def snapshots() -> None:
+        try:
+            while not done.is_set():
+                schedule.counters()
+        except RuntimeError as err:  # the failure this test is about
+            errors.append(err)
+
+    reader = threading.Thread(target=snapshots)
+    reader.start()
+    try:
+        _evaluate(schedule, 300)
+    finally:
+        done.set()
+        reader.join()
+    assert not errors, errors
