@@ -33,6 +33,8 @@ def test_a_mixed_learner_sends_priorities_and_storage_follows_both_buffers(
                          {"buffer": "prio", "fraction": 0.5}]},
         collector={"chunk_size": CHUNK_SIZE},
         eval={"every_env_steps": 100_000},
+        # released chunks are deleted once a snapshot no longer refers to them
+        coordinator={"snapshot_interval_s": 2.0},
         stop={"max_env_steps": MAX_ENV_STEPS, "max_wall_s": 100})
     storage_dir = tmp_path / "storage"
     coordinator = processes.start("coordinator", "coordinator", "--config", str(config),

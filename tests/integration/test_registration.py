@@ -138,7 +138,9 @@ def test_a_collector_goes_on_with_a_coordinator_that_resumed(processes: Processe
         buffers={"replay": {"capacity": 2048, "rate_limit": {"samples_per_insert": None}}},
         eval={"every_env_steps": 10_000_000},
         stop={"max_env_steps": max_env_steps, "max_wall_s": 120},
-        coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0},
+        # released chunks are deleted once a snapshot no longer refers to them
+        coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0,
+                     "snapshot_interval_s": 2.0},
     )
     run_dir = tmp_path / "run"
     first = _start_coordinator(processes, config, run_dir)
