@@ -151,8 +151,7 @@ class RecordFeed:
 
     def _candidates(self, after: int, wanted: set[str] | None) -> Iterator[Record]:
         """Kept records of the wanted scopes after `after`, in order (under the lock)."""
-        recent = self._records
-        first = recent[0][0] if recent else self._seq + 1
+        recent, first = self._records, self._first()
         if after + 1 < first:  # the cursor reaches into the thinned history
             yield from heapq.merge(*(h.after(after) for scope, h in self._history.items()
                                      if wanted is None or scope in wanted), key=_seq)
@@ -163,14 +162,17 @@ class RecordFeed:
 
     def _kept(self, lo: int, hi: int) -> int:
         """Records of any scope with lo < seq <= hi still kept (under the lock)."""
-        recent = self._records
-        first = recent[0][0] if recent else self._seq + 1
+        first = self._first()
         n = max(0, hi - max(lo, first - 1)) if hi >= first else 0
         if lo + 1 < first:
             n += sum(h.count(lo, min(hi, first - 1)) for h in self._history.values())
         return n
 
+    def _first(self) -> int:
+        """The oldest whole-kept sequence number (one past the newest when none is)."""
+        return self._records[0][0] if self._records else self._seq + 1
+
     def kept(self) -> int:
-        """How many records are held: whole and thinned (for /status and the soak)."""
+        """How many records are held, whole and thinned: what bounds the feed's memory."""
         with self._lock:
             return len(self._records) + sum(len(h.records) for h in self._history.values())

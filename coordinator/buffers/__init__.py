@@ -91,7 +91,7 @@ class ChunkRegistry:
         return dead
 
     def remembered(self) -> int:
-        """Released ids still remembered (for /status and the soak)."""
+        """Released ids still remembered: what bounds the registry's memory."""
         return len(self._released)
 
 
