@@ -187,6 +187,10 @@ class PPOConfig(_AlgoBase):
                             "to this many standard deviations")
     max_policy_lag: int | None = Field(3, ge=0, description="the learner drops chunks acted "
                                        "by a policy more than this many versions old")
+    lr_anneal_rows: int | None = Field(None, ge=1, description="the learning rate falls "
+                                       "linearly from `lr` to 0 over this many learned "
+                                       "transitions (CleanRL's anneal_lr; set it to the run's "
+                                       "env-step budget); null: constant")
 
 
 AlgoConfig = Annotated[DQNConfig | CQLConfig | BCConfig | PPOConfig,
@@ -320,6 +324,10 @@ class LearnerConfig(_Frozen):
                                "memory (false: on a thread of the learner's process)")
     chunk_cache: int = Field(4096, ge=1, description="chunks the learner keeps decoded")
     learn_info_interval_s: float = Field(0.1, gt=0)
+    torch_threads: int = Field(1, ge=1, le=256, description="intra-op threads of the "
+                               "training thread's torch calls: 1 leaves the other cores to "
+                               "collectors; a conv net (Atari) whose collectors mostly wait "
+                               "for it learns faster with 2 or more")
 
 
 class DatasetEvalConfig(_Frozen):

@@ -171,6 +171,7 @@ class PPO:
         self.gen = torch.Generator().manual_seed(seed)
         self.version = -1
         self.train_iterations = 0
+        self.rows_learned = 0  # of whole rollouts (every rank's share): drives lr_anneal_rows
         self.reducer: Reducer | None = None
 
     @property
@@ -318,6 +319,8 @@ class PPO:
         if total == 0:
             return LearnOutput({"rollout_rows": 0.0})
         n_minibatches = max(1, total // c.batch_size)
+        self._annealed_lr()
+        self.rows_learned += total
         totals = torch.zeros(len(METRICS))
         for _ in range(c.epochs):
             perm = torch.randperm(total, generator=self.gen)
@@ -335,6 +338,17 @@ class PPO:
             metrics["value_mean"] = old_value.mean()
         metrics["rollout_rows"] = float(total)
         return LearnOutput(metrics)
+
+    def _annealed_lr(self) -> float:
+        """The rate for the next rollout, set on the optimizer. Annealed by rows learned
+        rather than by learn rounds, since a distributed rollout's size varies with how many
+        whole chunks arrived; every rank counts the same group-wide rows, so all agree."""
+        c = self.cfg
+        lr = c.lr if c.lr_anneal_rows is None else \
+            c.lr * max(0.0, 1.0 - self.rows_learned / c.lr_anneal_rows)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _rows_before_and_total(self, rows: int) -> tuple[int, int]:
         """(rows held by lower ranks, rows in the whole rollout): one collective in a group."""
@@ -413,6 +427,7 @@ class PPO:
         out = {f"net.{k}": v for k, v in self.policy_state().items()}
         out.update(optimizer_state(self.optimizer))
         out["train_iterations"] = torch.tensor(self.train_iterations)
+        out["rows_learned"] = torch.tensor(self.rows_learned)
         # The minibatch shuffle's generator: ranks that re-form a group from one rank's state
         # must draw the same permutations.
         out["gen_state"] = self.gen.get_state()
@@ -422,5 +437,7 @@ class PPO:
         self.net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net.")})
         load_optimizer_state(self.optimizer, dict(state))
         self.train_iterations = int(state["train_iterations"])
+        # absent from checkpoints written before annealing: their runs annealed nothing
+        self.rows_learned = int(state.get("rows_learned", torch.tensor(0)))
         if "gen_state" in state:  # absent from checkpoints written before it was kept
             self.gen.set_state(state["gen_state"].to(torch.uint8))

@@ -415,6 +415,36 @@ def test_state_dict_round_trip_through_safetensors_restores_outputs_and_optimize
         torch.testing.assert_close(other.state_dict()[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
+def test_the_learning_rate_anneals_by_rows_learned_and_resumes_from_a_checkpoint():
+    spec = CARTPOLE
+    cfg = PPOConfig(batch_size=16, epochs=1, lr=0.01, lr_anneal_rows=96)
+    ppo = PPO(cfg, spec, seed=0)
+    rates = []
+    for i in range(4):  # rollouts of 32 rows: 0/96, 32/96, 64/96 and 96/96 learned before
+        ppo.learn(_random_rollout(spec, ppo, 32, i))
+        rates.append(ppo.optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([0.01, 0.01 * 2 / 3, 0.01 / 3, 0.0])
+    assert ppo.rows_learned == 128
+    # at 0 it stays 0: the parameters no longer move
+    before = {k: v.clone() for k, v in ppo.policy_state().items()}
+    ppo.learn(_random_rollout(spec, ppo, 32, 9))
+    for k, v in ppo.policy_state().items():
+        assert torch.equal(v, before[k]), k
+
+    half = PPO(cfg, spec, seed=0)
+    half.learn(_random_rollout(spec, half, 48, 0))
+    resumed = PPO(cfg, spec, seed=1)
+    resumed.load_state_dict(st_load(st_save(half.state_dict())))
+    assert resumed.rows_learned == 48
+    resumed.learn(_random_rollout(spec, resumed, 16, 1))
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5)
+    # a checkpoint from before annealing was kept counts from 0
+    old = {k: v for k, v in half.state_dict().items() if k != "rows_learned"}
+    resumed.load_state_dict(old)
+    assert resumed.rows_learned == 0
+    assert PPO(PPOConfig(), spec).cfg.lr_anneal_rows is None  # constant unless asked
+
+
 def test_policy_state_is_a_detached_copy_that_load_policy_adopts():
     ppo = PPO(PPOConfig(batch_size=16), PENDULUM, seed=0)
     state = ppo.policy_state()
