@@ -78,6 +78,7 @@ class LearnerService(WorkerService):
         self.feedback = PriorityFeedback()
         self.feeder: RolloutFeeder | None = None
         self.learn_rounds = 0
+        self.torch_threads: int | None = None  # learner.torch_threads, once configured
         self.checkpoints: CheckpointStore | None = None
         self.cfg_checkpoint_every = 1 << 62
         self.last_checkpoint = 0
@@ -214,13 +215,15 @@ class LearnerService(WorkerService):
         self.checkpoint_s += time.perf_counter() - t0
 
     def _run(self) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # until the config says otherwise
         # The prefetch thread holds the GIL in numpy/JSON work while the training thread waits
         # to resume after each torch call; a shorter switch interval than CPython's 5 ms keeps
         # those waits short.
         sys.setswitchinterval(0.0005)
         cfg = self.wait_config()
         assert self.task is not None
+        torch.set_num_threads(cfg.learner.torch_threads)
+        self.torch_threads = torch.get_num_threads()
         spec = run_spec(cfg)
         # algo.reward_model: every batch's rewards are rewritten before `learn` uses them
         policy = with_reward_model(make_policy(cfg.algo, spec, self.task.seed), cfg.algo,
@@ -565,6 +568,7 @@ class LearnerService(WorkerService):
                 "dropped_sample_responses": (self.prefetcher.dropped_responses
                                              if self.prefetcher else 0),
                 "learn_rounds": self.learn_rounds,
+                "torch_threads": self.torch_threads,
                 "resumed_from_iteration": self.resumed_from,
                 "last_checkpoint_iteration": self.last_checkpoint,
                 "dropped_stale_chunks": self.feeder.dropped_chunks if self.feeder else 0,

@@ -189,7 +189,7 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
     if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
         raise ConfigError("buffers: `rlfleet single` reads no datasets; run an offline "
                           "config with `rlfleet up --collectors 0`")
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.learner.torch_threads)  # as the learner would learn
     start = time.monotonic()
     spec = run_spec(cfg)
     games = _LocalLeague(cfg, spec, league_dir) if league_dir is not None else None

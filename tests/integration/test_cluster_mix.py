@@ -30,7 +30,7 @@ def test_a_mixed_learner_sends_priorities_and_storage_follows_both_buffers(
         buffers={"replay": {"kind": "uniform", "capacity": 4096, "rate_limit": LIMIT},
                  "prio": {"kind": "prioritized", "capacity": 2048, "rate_limit": LIMIT}},
         learner={"mix": [{"buffer": "replay", "fraction": 0.5},
-                         {"buffer": "prio", "fraction": 0.5}]},
+                         {"buffer": "prio", "fraction": 0.5}], "torch_threads": 2},
         collector={"chunk_size": CHUNK_SIZE},
         eval={"every_env_steps": 100_000},
         # released chunks are deleted once a snapshot no longer refers to them
@@ -70,6 +70,7 @@ def test_a_mixed_learner_sends_priorities_and_storage_follows_both_buffers(
     s = status()
     assert collector.get("/status")["error"] is None
     assert learner.get("/status")["error"] is None
+    assert learner.get("/status")["torch_threads"] == 2  # learner.torch_threads, applied
     counters, replay, prio = s["counters"], s["buffers"]["replay"], s["buffers"]["prio"]
     assert counters["train_iterations"] > 0
     assert counters["env_steps"] == counters["chunks_accepted"] * CHUNK_SIZE >= MAX_ENV_STEPS

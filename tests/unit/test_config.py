@@ -139,6 +139,7 @@ def test_unknown_top_level_key(tmp_path, key):
     ("algo", "priority_eps", 0, "algo.priority_eps"),
     ("algo", "gamma", 1.5, "algo.gamma"),
     ("algo", "batch_size", 0, "algo.batch_size"),
+    ("learner", "torch_threads", 0, "learner.torch_threads"),
 ])
 def test_wrong_type_or_range_names_the_field(tmp_path, section, key, value, dotted):
     data = _base()
