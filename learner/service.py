@@ -215,7 +215,6 @@ class LearnerService(WorkerService):
         self.checkpoint_s += time.perf_counter() - t0
 
     def _run(self) -> None:
-        torch.set_num_threads(1)  # until the config says otherwise
         # The prefetch thread holds the GIL in numpy/JSON work while the training thread waits
         # to resume after each torch call; a shorter switch interval than CPython's 5 ms keeps
         # those waits short.

@@ -319,7 +319,7 @@ class PPO:
         if total == 0:
             return LearnOutput({"rollout_rows": 0.0})
         n_minibatches = max(1, total // c.batch_size)
-        self._annealed_lr()
+        self._set_lr()
         self.rows_learned += total
         totals = torch.zeros(len(METRICS))
         for _ in range(c.epochs):
@@ -339,8 +339,8 @@ class PPO:
         metrics["rollout_rows"] = float(total)
         return LearnOutput(metrics)
 
-    def _annealed_lr(self) -> float:
-        """The rate for the next rollout, set on the optimizer. Annealed by rows learned
+    def _set_lr(self) -> None:
+        """The rate for the next rollout, on the optimizer. Annealed by rows learned
         rather than by learn rounds, since a distributed rollout's size varies with how many
         whole chunks arrived; every rank counts the same group-wide rows, so all agree."""
         c = self.cfg
@@ -348,7 +348,6 @@ class PPO:
             c.lr * max(0.0, 1.0 - self.rows_learned / c.lr_anneal_rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        return lr
 
     def _rows_before_and_total(self, rows: int) -> tuple[int, int]:
         """(rows held by lower ranks, rows in the whole rollout): one collective in a group."""
