@@ -72,6 +72,7 @@ class LearnerService(WorkerService):
         self.dataset_scores: dict[str, float] = {}  # eval.dataset, not yet reported
         self.error: str | None = None
         self.update_s = 0.0
+        self.update_cpu_s = 0.0  # the training thread's CPU time within update_s
         self.wait_s = 0.0
         self.publish_s = 0.0
         self.prefetcher: Prefetcher | DataProcess | None = None
@@ -398,7 +399,7 @@ class LearnerService(WorkerService):
                     return False
                 t0 = time.perf_counter()
                 batches = prefetcher.get(timeout=0.5)
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.thread_time()
                 self.wait_s += t1 - t0
                 if batches is None:
                     continue
@@ -422,6 +423,7 @@ class LearnerService(WorkerService):
                         self.metrics.update(self._optimizer_metrics(policy))
                         reporter.send(self._learn_info(policy))
                 self.update_s += time.perf_counter() - t1
+                self.update_cpu_s += time.thread_time() - c1
                 self._maybe_checkpoint(policy)
             return True
         finally:
@@ -496,7 +498,7 @@ class LearnerService(WorkerService):
                 rollout = feeder.next_share(self.assignment.generation, self.policy_version)
             else:
                 rollout = feeder.next(self.policy_version)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             self.wait_s += t1 - t0
             if rollout is None:
                 if feeder.consumed and self._report(policy, feeder.take_consumed()):
@@ -508,6 +510,7 @@ class LearnerService(WorkerService):
                 self._publish(policy)
             self.train_iterations = policy.train_iterations
             self.update_s += time.perf_counter() - t1
+            self.update_cpu_s += time.thread_time() - c1
             self.learn_rounds += 1
             self._maybe_checkpoint(policy)
             self.metrics = {k: float(v) for k, v in out.metrics.items()}
@@ -559,7 +562,11 @@ class LearnerService(WorkerService):
                 "train_iterations": self.train_iterations,
                 "policy_version": self.policy_version, "metrics": self.metrics,
                 "utilisation": round(self.update_s / busy, 4) if busy else None,
-                "timers": {"update_s": round(self.update_s, 3), "wait_s": round(self.wait_s, 3),
+                # update_cpu_s well below update_s: the training thread waited for the GIL
+                # or for a core, not for data
+                "timers": {"update_s": round(self.update_s, 3),
+                           "update_cpu_s": round(self.update_cpu_s, 3),
+                           "wait_s": round(self.wait_s, 3),
                            "publish_s": round(self.publish_s, 3),
                            "publish_thread_s": round(self.publisher.seconds, 3)},
                 "versions_superseded": self.publisher.superseded,

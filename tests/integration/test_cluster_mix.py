@@ -70,7 +70,11 @@ def test_a_mixed_learner_sends_priorities_and_storage_follows_both_buffers(
     s = status()
     assert collector.get("/status")["error"] is None
     assert learner.get("/status")["error"] is None
-    assert learner.get("/status")["torch_threads"] == 2  # learner.torch_threads, applied
+    learned = learner.get("/status")
+    assert learned["torch_threads"] == 2  # learner.torch_threads, applied
+    # the training thread's CPU time is a part of its update time, never more
+    timers = learned["timers"]
+    assert 0 < timers["update_cpu_s"] <= timers["update_s"] + 0.01, timers
     counters, replay, prio = s["counters"], s["buffers"]["replay"], s["buffers"]["prio"]
     assert counters["train_iterations"] > 0
     assert counters["env_steps"] == counters["chunks_accepted"] * CHUNK_SIZE >= MAX_ENV_STEPS
