@@ -422,8 +422,7 @@ class LearnerService(WorkerService):
                         self.metrics = {k: float(v) for k, v in step_metrics.items()}
                         self.metrics.update(self._optimizer_metrics(policy))
                         reporter.send(self._learn_info(policy))
-                self.update_s += time.perf_counter() - t1
-                self.update_cpu_s += time.thread_time() - c1
+                self._count_update(t1, c1)
                 self._maybe_checkpoint(policy)
             return True
         finally:
@@ -509,8 +508,7 @@ class LearnerService(WorkerService):
             if self.is_publisher:
                 self._publish(policy)
             self.train_iterations = policy.train_iterations
-            self.update_s += time.perf_counter() - t1
-            self.update_cpu_s += time.thread_time() - c1
+            self._count_update(t1, c1)
             self.learn_rounds += 1
             self._maybe_checkpoint(policy)
             self.metrics = {k: float(v) for k, v in out.metrics.items()}
@@ -523,6 +521,12 @@ class LearnerService(WorkerService):
             if self._report(policy, feeder.take_consumed()):
                 return True
         return True
+
+    def _count_update(self, t1: float, c1: float) -> None:
+        """Wall and training-thread CPU time since (`time.perf_counter()`,
+        `time.thread_time()`) = (t1, c1): their gap is time lost to the GIL or a core."""
+        self.update_s += time.perf_counter() - t1
+        self.update_cpu_s += time.thread_time() - c1
 
     @staticmethod
     def _optimizer_metrics(policy: Policy) -> dict[str, float]:

@@ -69,8 +69,8 @@ def test_a_mixed_learner_sends_priorities_and_storage_follows_both_buffers(
     wait_for(quiet, 30, "every chunk reported, every released chunk deleted")
     s = status()
     assert collector.get("/status")["error"] is None
-    assert learner.get("/status")["error"] is None
     learned = learner.get("/status")
+    assert learned["error"] is None
     assert learned["torch_threads"] == 2  # learner.torch_threads, applied
     # the training thread's CPU time is a part of its update time, never more
     timers = learned["timers"]
