@@ -22,6 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+# libyaml's parser and emitter when PyYAML has them: the same documents in and out, about
+# eight times faster; every role and the launcher read the run's config as they start.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_FAST_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the field and the file."""
@@ -720,7 +725,15 @@ def load_config(path: str | Path) -> RunConfig:
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        data = yaml.load(text, Loader=_FAST_LOADER) or {}
+    except yaml.YAMLError:  # again with the pure-Python parser: its message shows the line
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
     return parse_config(data, str(path))
+
+
+def dump_config(data: dict[str, Any]) -> str:
+    """YAML text of a config's data, in the order given, as `yaml.safe_dump` writes it."""
+    return yaml.dump(data, Dumper=_FAST_DUMPER, sort_keys=False)
