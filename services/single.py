@@ -59,7 +59,8 @@ class SingleResult:
     games: int | None = None  # self-play: games played
     # envs that report info["is_success"]: the last evaluation's share of successes
     eval_success: float | None = None
-    evaluations: list[dict] = field(default_factory=list)  # env_steps, return (, success)
+    # env_steps, train_iterations, return (, success, stochastic_return)
+    evaluations: list[dict] = field(default_factory=list)
 
 
 class _Trainer:
@@ -242,9 +243,15 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
             else:  # success too, where the env reports `info["is_success"]`
                 done = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
                 eval_return, eval_success = float(np.mean(done.returns)), done.success_rate
+            extra = {} if eval_success is None else {"success": eval_success}
+            if games is None and cfg.eval.stochastic:
+                # the exploring policy's episodes from the same seed, as a collector runs
+                # them for the coordinator: the same evaluation work on both sides
+                explored = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps,
+                                    deterministic=False)
+                extra["stochastic_return"] = float(np.mean(explored.returns))
             evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
-                                "return": eval_return, **({} if eval_success is None
-                                                          else {"success": eval_success})})
+                                "return": eval_return, **extra})
             if progress:
                 progress(steps, learner.train_iterations, eval_return, time.monotonic() - start)
             if t195 is None and eval_return >= 195:
