@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 # libyaml's parser and emitter when PyYAML has them: the same documents in and out, about
-# eight times faster; every role and the launcher read the run's config as they start.
+# seven times faster; every role and the launcher read the run's config as they start.
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _FAST_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
