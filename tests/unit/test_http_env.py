@@ -7,7 +7,6 @@ which is how a test sees that the proxy was used)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -16,6 +15,8 @@ from flask import Flask, request
 from werkzeug.serving import make_server
 
 from shared.http import HttpClient, HttpError
+
+from .helpers import closed_port
 
 
 @pytest.fixture()
@@ -34,12 +35,6 @@ def echo_url() -> Iterator[str]:
     thread.join(timeout=5)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _clear_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
                  "http_proxy", "https_proxy", "all_proxy", "no_proxy"):
@@ -48,7 +43,7 @@ def _clear_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_proxy_in_the_environment_at_creation_is_used(monkeypatch, echo_url):
     _clear_proxy_env(monkeypatch)
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
     client = HttpClient(echo_url, timeout_s=2, retries=0, token=None)
     with pytest.raises(HttpError, match="ProxyError|ConnectionError"):
         client.get("/who")
@@ -58,7 +53,7 @@ def test_a_proxy_in_the_environment_at_creation_is_used(monkeypatch, echo_url):
 def test_no_proxy_is_honoured_and_later_changes_do_not_reach_a_made_client(monkeypatch,
                                                                            echo_url):
     _clear_proxy_env(monkeypatch)
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     bypassing = HttpClient(echo_url, timeout_s=2, retries=0, token=None)
     assert bypassing.get("/who") == {"authorization": None}

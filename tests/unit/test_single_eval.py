@@ -12,13 +12,17 @@ from shared.config import load_config
 from .helpers import REPO
 
 
-@pytest.mark.parametrize("stochastic", [True, False])
-def test_single_evaluates_as_the_config_says(stochastic):
-    cfg = load_config(REPO / "configs" / "cartpole-dqn.yaml").with_overrides(
+def _cartpole(stochastic: bool, env_steps: int):
+    """CartPole DQN evaluated every 512 env steps on 4 episodes, for `env_steps` steps."""
+    return load_config(REPO / "configs" / "cartpole-dqn.yaml").with_overrides(
         eval={"every_env_steps": 512, "episodes": 4, "num_envs": 4, "stochastic": stochastic,
               "stop_value": 475},
-        stop={"max_env_steps": 1536})
-    result = run_single(cfg)
+        stop={"max_env_steps": env_steps})
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_single_evaluates_as_the_config_says(stochastic):
+    result = run_single(_cartpole(stochastic, 1536))
     assert [e["env_steps"] for e in result.evaluations] == [512, 1024, 1536]
     for e in result.evaluations:
         assert ("stochastic_return" in e) is stochastic, e
@@ -29,14 +33,8 @@ def test_single_evaluates_as_the_config_says(stochastic):
 def test_evaluation_leaves_training_as_it_was():
     """The stochastic episodes draw from the evaluation's seed, not from the stream the
     actor explores with: the run learns the same with and without them."""
-    base = load_config(REPO / "configs" / "cartpole-dqn.yaml")
-    runs = {}
-    for stochastic in (True, False):
-        cfg = base.with_overrides(
-            eval={"every_env_steps": 512, "episodes": 4, "num_envs": 4,
-                  "stochastic": stochastic, "stop_value": 475},
-            stop={"max_env_steps": 2048})
-        runs[stochastic] = run_single(cfg).evaluations
+    runs = {stochastic: run_single(_cartpole(stochastic, 2048)).evaluations
+            for stochastic in (True, False)}
     assert [e["return"] for e in runs[True]] == [e["return"] for e in runs[False]]
 
 
