@@ -53,6 +53,7 @@ class Publisher:
         self._gave_up = False  # the last write was abandoned: storage out while closing
         self._route: PutWeights | None = None
         self.relayed = 0           # versions the route stored
+        self._last_submit = -float("inf")
 
     def attach(self, storage: Storage, version: int) -> None:
         """Write to `storage` from now on, the next version being `version + 1`."""
@@ -72,6 +73,12 @@ class Publisher:
         with self._cond:
             self._route = put
 
+    def due(self, min_interval_s: float) -> bool:
+        """At least `min_interval_s` since a state was last handed over. A version costs
+        the learner's process its copy and a line on a pipe, and its data process an encode
+        and a write, whether or not any collector loads it before the next one."""
+        return time.monotonic() - self._last_submit >= min_interval_s
+
     def submit(self, state: Mapping[str, torch.Tensor], train_iterations: int) -> None:
         """Hand over a state to publish (the caller must not change its tensors: pass a copy,
         as `Policy.policy_state()` makes). Raises `PublishConflict` if an earlier write found
@@ -81,6 +88,7 @@ class Publisher:
             if self._pending is not None:
                 self.superseded += 1
             self._pending = (dict(state), train_iterations)
+            self._last_submit = time.monotonic()
             self._cond.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:

@@ -383,6 +383,7 @@ class LearnerService(WorkerService):
             self.publisher.route(prefetcher.put_weights)
         reporter = Reporter(self.agent.client)
         interval = cfg.learner.learn_info_interval_s
+        min_interval = cfg.learner.publish_min_interval_s
         step_metrics: dict[str, Any] = {}
         scorer = (DatasetScorer(cfg, run_spec(cfg))
                   if cfg.eval.dataset is not None and self.is_publisher else None)
@@ -411,7 +412,8 @@ class LearnerService(WorkerService):
                     if batch.item_refs and out.priorities is not None:
                         self.feedback.add(batch, out.priorities)
                     if self.is_publisher and \
-                            policy.train_iterations % cfg.learner.publish_every == 0:
+                            policy.train_iterations % cfg.learner.publish_every == 0 and \
+                            self.publisher.due(min_interval):
                         self._publish(policy, wait=False)
                     self.train_iterations = policy.train_iterations
                     if scorer is not None and scorer.due(policy.train_iterations):

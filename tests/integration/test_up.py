@@ -21,7 +21,10 @@ MAX_ENV_STEPS = 15_000
 
 
 def test_up_runs_a_cluster_to_its_budget(launch, tmp_path: Path):
-    config = small_config(tmp_path / "small.yaml")
+    # A version due every update, but at most one each 0.25 s: the learner's CPU goes to
+    # updates, not to versions no collector would load.
+    config = small_config(tmp_path / "small.yaml",
+                          learner={"publish_every": 1, "publish_min_interval_s": 0.25})
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
                 "--quiet", "--max-env-steps", str(MAX_ENV_STEPS))
@@ -38,6 +41,9 @@ def test_up_runs_a_cluster_to_its_budget(launch, tmp_path: Path):
     assert summary["env_steps"] >= MAX_ENV_STEPS
     assert summary["train_iterations"] > 0
     assert summary["policy_version"] > 0
+    # Versions: the first, one per 0.25 s, and those published as the run ends.
+    assert summary["policy_version"] <= summary["wall_seconds"] / 0.25 + 3
+    assert summary["train_iterations"] > 2 * summary["policy_version"]
     assert summary["eval_return"] is not None and 1 <= summary["eval_return"] <= 500
     assert 0 < summary["wall_seconds"] < 150
     assert summary["collectors"] == 2

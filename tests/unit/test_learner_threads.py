@@ -5,6 +5,7 @@ answers kept for it."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -41,6 +42,23 @@ def test_versions_go_out_in_order_and_the_newest_state_wins(tmp_path):
         assert meta == {"policy_version": str(latest), "train_iterations": "199"}
         for v in range(max(0, latest - store.keep_weight_versions + 1), latest + 1):
             assert int(decode_weights(store.get_weights(v)[1])[1]["policy_version"]) == v
+    finally:
+        publisher.close()
+
+
+def test_a_version_is_due_only_once_the_minimum_interval_has_passed(tmp_path):
+    store = DirectoryStorage(tmp_path / "s")
+    publisher = Publisher(threading.Event())
+    publisher.attach(store, -1)
+    try:
+        assert publisher.due(3600.0)  # nothing handed over yet: the first version is due
+        publisher.submit(_state(0.0), 0)
+        assert not publisher.due(3600.0)
+        assert publisher.due(0.0)     # 0: every publish_every, as before
+        submitted = time.monotonic()
+        wait_for(lambda: publisher.due(0.05), timeout_s=5, what="the interval to pass")
+        assert time.monotonic() - submitted >= 0.05
+        assert publisher.flush(timeout_s=10) and store.latest_version() == 0
     finally:
         publisher.close()
 
