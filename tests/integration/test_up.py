@@ -21,8 +21,8 @@ MAX_ENV_STEPS = 15_000
 
 
 def test_up_runs_a_cluster_to_its_budget(launch, tmp_path: Path):
-    # A version due every update, but at most one each 0.25 s: the learner's CPU goes to
-    # updates, not to versions no collector would load.
+    # A version due every update, but at most one each 0.25 s: the interval, not
+    # publish_every, sets how many versions the learner pays for.
     config = small_config(tmp_path / "small.yaml",
                           learner={"publish_every": 1, "publish_min_interval_s": 0.25})
     run_dir = tmp_path / "run"
