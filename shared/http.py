@@ -7,18 +7,29 @@ same bad body again cannot help (a 401 included: a wrong token stays wrong). Wha
 wrong on the wire ends as `HttpError` once retries run out, never as a `requests` exception:
 callers ride out an unreachable peer by catching that one type.
 
+Plain `http://` to a peer no proxy setting covers (every role on its cluster network) goes over
+pooled `http.client` connections (`_KeepAlive`), not `requests`: a learner's data process asks
+for a sample every few milliseconds, and `requests` spent 0.7 ms of client CPU a round trip
+against 0.3 ms this way; it also sends headers and body in separate writes, which cost the
+server a further 0.3 ms to read. `requests` still carries HTTPS and proxied traffic.
+
 Every client carries the cluster's token (`shared.auth.load_token()` unless given), so every
 role, the CLI and the benches reach a guarded cluster without each call site knowing.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import os
 import random
+import select
+import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import requests
 from pydantic import BaseModel
@@ -35,6 +46,98 @@ _RETRY_STATUS = {429, 502, 503, 504}
 # server writes the two separately, so a SIGKILLed coordinator can leave exactly that).
 _TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout,
                      requests.exceptions.ChunkedEncodingError)
+
+
+class _Answer(NamedTuple):
+    status: int
+    headers: Mapping[str, str]  # case-insensitive `get`, from either transport
+    content: bytes
+
+
+class _TransportError(Exception):
+    """The connection failed before a whole answer arrived; carries what to tell the user."""
+
+
+class _KeepAlive:
+    """Pooled keep-alive connections to one plain-HTTP peer, safe to share between threads
+    (each request takes a connection of its own from the pool and gives it back after).
+
+    A pooled connection the peer has closed meanwhile (an idle timeout, a restart) is seen
+    before reuse, as a readable socket, and dropped; one that fails before any answer came
+    is tried once more on a fresh connection, as browsers and urllib3 do, so a restart of the
+    peer between two requests costs no retry of the caller's."""
+
+    def __init__(self, host: str, port: int, max_idle: int = 16) -> None:
+        self.host, self.port, self.max_idle = host, port, max_idle
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    def send(self, method: str, target: str, data: bytes | None, headers: dict[str, str],
+             timeout: float) -> _Answer:
+        conn, reused = self._take(timeout)
+        try:
+            try:
+                return self._exchange(conn, method, target, data, headers)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not reused:
+                    raise
+                conn.close()
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+                return self._exchange(conn, method, target, data, headers)
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            name, text = type(err).__name__, str(err)
+            raise _TransportError(text if text.startswith(name) else f"{name}: {text}") from None
+
+    def _exchange(self, conn: http.client.HTTPConnection, method: str, target: str,
+                  data: bytes | None, headers: dict[str, str]) -> _Answer:
+        conn.request(method, target, body=data, headers=headers)
+        resp = conn.getresponse()
+        content = resp.read()
+        if resp.will_close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        return _Answer(resp.status, resp.headers, content)
+
+    def _take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child must not share its parent's sockets
+                self._idle, self._pid = [], os.getpid()
+            while self._idle:
+                conn = self._idle.pop()
+                if _still_open(conn):
+                    conn.timeout = timeout
+                    conn.sock.settimeout(timeout)
+                    return conn, True
+                conn.close()
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout), False
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive socket has nothing to read; readable means the peer closed it (or
+    sent something unasked, which would corrupt the next answer)."""
+    if conn.sock is None:
+        return False
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    return not poller.poll(0)
 
 
 class HttpError(RuntimeError):
@@ -73,13 +176,36 @@ class HttpClient:
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
-        self.session.headers.update(auth_headers(
-            load_token() if isinstance(token, _FromEnv) else token))
-        if headers:
-            self.session.headers.update(headers)
+        self.headers = dict(auth_headers(load_token() if isinstance(token, _FromEnv)
+                                         else token))
+        self.headers.update(headers or {})
+        self.session.headers.update(self.headers)
+        split = urllib.parse.urlsplit(self.base_url)
+        self._prefix = split.path
+        self._direct: _KeepAlive | None = None
+        if (split.scheme == "http" and split.hostname
+                and requests.utils.select_proxy(self.base_url, self.session.proxies) is None):
+            self._direct = _KeepAlive(split.hostname, split.port or 80)
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         self.session.close()
+
+    def _send(self, method: str, path: str, data: str | None, headers: dict[str, str],
+              timeout: float) -> _Answer:
+        if self._direct is not None:
+            body = None if data is None else data.encode()
+            if body is None and method in ("POST", "PUT", "PATCH"):
+                headers = {**headers, "Content-Length": "0"}
+            return self._direct.send(method, self._prefix + path, body,
+                                     {**self.headers, **headers}, timeout)
+        try:
+            resp = self.session.request(method, f"{self.base_url}{path}", data=data,
+                                        headers=headers or None, timeout=timeout)
+        except _TRANSPORT_ERRORS as err:
+            raise _TransportError(f"{type(err).__name__}: {err}") from None
+        return _Answer(resp.status_code, resp.headers, resp.content)
 
     def request(self, method: str, path: str, body: BaseModel | dict | None = None,
                 response_model: type[T] | None = None, *, timeout_s: float | None = None,
@@ -101,25 +227,24 @@ class HttpClient:
                 headers = {"Content-Type": "application/json"} if data is not None else {}
                 if accept is not None:
                     headers["Accept"] = accept[0]
-                resp = self.session.request(method, url, data=data, headers=headers or None,
-                                            timeout=timeout_s or self.timeout_s)
-            except _TRANSPORT_ERRORS as err:
-                last, last_status = f"{type(err).__name__}: {err}", None
+                resp = self._send(method, path, data, headers, timeout_s or self.timeout_s)
+            except _TransportError as err:
+                last, last_status = str(err), None
             else:
-                if resp.status_code < 400:
-                    if accept is not None and resp.headers.get(
-                            "Content-Type", "").startswith(accept[0]):
+                if resp.status < 400:
+                    if accept is not None and (resp.headers.get("Content-Type") or "").startswith(
+                            accept[0]):
                         return accept[1](resp.content)
                     if response_model is not None:  # pydantic parses the bytes directly
                         return response_model.model_validate_json(resp.content or b"{}")
-                    return resp.json() if resp.content else {}
-                body_json = _json_or_text(resp)
-                if resp.status_code not in _RETRY_STATUS:
-                    raise HttpError(f"{method} {url} -> {resp.status_code}: "
+                    return json.loads(resp.content) if resp.content else {}
+                body_json = _json_or_text(resp.content)
+                if resp.status not in _RETRY_STATUS:
+                    raise HttpError(f"{method} {url} -> {resp.status}: "
                                     f"{body_json.get('error', body_json)}",
-                                    resp.status_code, body_json)
-                last = f"{resp.status_code}: {body_json.get('error', body_json)}"
-                last_status = resp.status_code
+                                    resp.status, body_json)
+                last = f"{resp.status}: {body_json.get('error', body_json)}"
+                last_status = resp.status
                 retry_after = resp.headers.get("Retry-After")
                 if retry_after:
                     try:
@@ -162,9 +287,9 @@ def _session_for(base_url: str) -> requests.Session:
     return session
 
 
-def _json_or_text(resp: requests.Response) -> dict[str, Any]:
+def _json_or_text(content: bytes) -> dict[str, Any]:
     try:
-        data = resp.json()
+        data = json.loads(content)
         return data if isinstance(data, dict) else {"error": data}
     except ValueError:
-        return {"error": resp.text[:500]}
+        return {"error": content[:500].decode(errors="replace")}

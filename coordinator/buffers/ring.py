@@ -115,7 +115,13 @@ class TransitionRing(Buffer):
         if policy_version >= 0:
             m.lag_sum += float((policy_version - self.version[slots]).clip(min=0).sum())
             m.lag_count += n
-        uniq, inverse = np.unique(self.chunk[slots], return_inverse=True)
+        # np.unique sorted the 2,048 table indices (60 us); the table is small, so a
+        # presence map over it finds the same sorted ids and positions in a tenth of that.
+        index = self.chunk[slots]
+        present = np.zeros(len(self.table.ids), dtype=bool)
+        present[index] = True
+        uniq = np.flatnonzero(present)
+        inverse = (np.cumsum(present) - 1)[index]
         shape = (num_batches, batch_size)
         return SampleRefs(
             chunk_ids=self.table.names(uniq), chunk_index=inverse.reshape(shape),
