@@ -79,23 +79,20 @@ class _KeepAlive:
         conn, reused = self._take(timeout)
         try:
             try:
-                return self._exchange(conn, method, target, data, headers)
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                if not reused:
+                if not reused:  # a fresh connection failing is the peer failing
                     raise
-                conn.close()
+                conn.close()  # the peer had closed the pooled one: once more on a new one
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-                return self._exchange(conn, method, target, data, headers)
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
+            content = resp.read()  # an answer cut off here is not sent again
         except (OSError, http.client.HTTPException) as err:
             conn.close()
             name, text = type(err).__name__, str(err)
             raise _TransportError(text if text.startswith(name) else f"{name}: {text}") from None
-
-    def _exchange(self, conn: http.client.HTTPConnection, method: str, target: str,
-                  data: bytes | None, headers: dict[str, str]) -> _Answer:
-        conn.request(method, target, body=data, headers=headers)
-        resp = conn.getresponse()
-        content = resp.read()
         if resp.will_close:
             conn.close()
         else:

@@ -68,57 +68,49 @@ def served() -> Iterator[Served]:
     s.stop()
 
 
-def test_requests_in_a_row_share_one_connection(served):
-    client = HttpClient(served.url, timeout_s=5, retries=0, token=None)
-    try:
-        ports = {client.get("/port")["port"] for _ in range(20)}
-        assert len(ports) == 1
-        assert client.post("/echo", {"n": 3})["port"] in ports
-    finally:
-        client.close()
+@pytest.fixture()
+def client(served) -> Iterator[HttpClient]:
+    """No retries: whatever the transport does about a closed connection, it does itself."""
+    c = HttpClient(served.url, timeout_s=5, retries=0, token=None)
+    yield c
+    c.close()
 
 
-def test_a_connection_the_server_closed_is_replaced_without_a_retry(served):
-    client = HttpClient(served.url, timeout_s=5, retries=0, token=None)
-    try:
-        first = client.get("/port")["port"]
-        served.stop()  # closes the kept-alive connection; the client is not told
-        served.start()
-        # retries=0: the pooled connection must be seen as closed, not tried and failed
-        assert client.get("/port")["port"] != first
-        assert client.post("/echo", {"n": 1})["n"] == 1
-    finally:
-        client.close()
+def test_requests_in_a_row_share_one_connection(client):
+    ports = {client.get("/port")["port"] for _ in range(20)}
+    assert len(ports) == 1
+    assert client.post("/echo", {"n": 3})["port"] in ports
 
 
-def test_threads_share_a_client_and_each_gets_its_own_answer(served):
-    client = HttpClient(served.url, timeout_s=5, retries=0, token=None)
+def test_a_connection_the_server_closed_is_replaced_without_a_retry(served, client):
+    first = client.get("/port")["port"]
+    served.stop()  # closes the kept-alive connection; the client is not told
+    served.start()
+    # the pooled connection must be seen as closed, not tried and failed
+    assert client.get("/port")["port"] != first
+    assert client.post("/echo", {"n": 1})["n"] == 1
+
+
+def test_threads_share_a_client_and_each_gets_its_own_answer(client):
     answers: dict[int, list[int]] = {}
 
     def ask(t: int) -> None:
         answers[t] = [client.post("/echo", {"n": t * 100 + i})["n"] for i in range(25)]
 
-    try:
-        threads = [threading.Thread(target=ask, args=(t,)) for t in range(8)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=30)
-        assert answers == {t: [t * 100 + i for i in range(25)] for t in range(8)}
-    finally:
-        client.close()
+    threads = [threading.Thread(target=ask, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert answers == {t: [t * 100 + i for i in range(25)] for t in range(8)}
 
 
-def test_an_error_answer_keeps_its_status_and_field_and_the_connection(served):
-    client = HttpClient(served.url, timeout_s=5, retries=0, token=None)
-    try:
-        port = client.get("/port")["port"]
-        with pytest.raises(HttpError) as raised:
-            client.post("/echo", {})
-        assert raised.value.status == 400 and raised.value.body["field"] == "n"
-        assert client.get("/port")["port"] == port
-    finally:
-        client.close()
+def test_an_error_answer_keeps_its_status_and_field_and_the_connection(client):
+    port = client.get("/port")["port"]
+    with pytest.raises(HttpError) as raised:
+        client.post("/echo", {})
+    assert raised.value.status == 400 and raised.value.body["field"] == "n"
+    assert client.get("/port")["port"] == port
 
 
 def test_a_server_that_is_gone_is_an_http_error_without_a_status(served):
