@@ -114,6 +114,15 @@ def marked_env(marker: str) -> dict[str, str]:
     return env
 
 
+def coordinator_url(up: Up) -> str | None:
+    """The coordinator's URL, from the command line `rlfleet up` gave a worker."""
+    for pid in up.descendants():
+        args = proc_cmdline(pid).split()
+        if "--coordinator" in args:
+            return args[args.index("--coordinator") + 1]
+    return None
+
+
 def proc_cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

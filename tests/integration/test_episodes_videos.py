@@ -8,14 +8,25 @@ import json
 from pathlib import Path
 
 import numpy as np
+import requests
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from shared.rundata import load_run
+from shared.schemas import API
 from shared.video import read_frames
 
-from .helpers import small_config
+from .helpers import coordinator_url, small_config, wait_for
 
-MAX_ENV_STEPS = 16_000
+# Only a safety net: the test stops the run once three evaluations are in. A budget of env
+# steps raced the evaluations: one collector spent 6 s on the first (with its video) while
+# the other collected all 16,000 steps of the old budget.
+MAX_ENV_STEPS = 400_000
+
+
+def _evaluations(url: str) -> int:
+    resp = requests.get(f"{url}{API}/evaluations", timeout=5)
+    resp.raise_for_status()
+    return resp.json()["total"]
 
 
 def test_a_run_records_evaluation_videos_and_every_episode(launch, tmp_path: Path):
@@ -27,7 +38,10 @@ def test_a_run_records_evaluation_videos_and_every_episode(launch, tmp_path: Pat
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "2", "--run-dir", str(run_dir),
                 "--quiet", "--max-env-steps", str(MAX_ENV_STEPS))
-    code = up.wait(timeout=200)
+    url = wait_for(lambda: coordinator_url(up), 60, "the coordinator's URL")
+    wait_for(lambda: _evaluations(url) >= 3, 150, "three evaluations")
+    requests.post(f"{url}{API}/run/stop", timeout=5).raise_for_status()
+    code = up.wait(timeout=60)
     assert code in (0, 3), f"exit code {code}:\n{up.stderr[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
     evaluations = json.loads((run_dir / "evaluations.json").read_text())

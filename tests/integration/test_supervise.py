@@ -33,6 +33,7 @@ from .helpers import (
     MARKER_VAR,
     REPO,
     Up,
+    coordinator_url,
     marked_pids,
     proc_cmdline,
     proc_ppid,
@@ -74,14 +75,6 @@ def _child_pid(up: Up, worker_id: str) -> int | None:
         if f"--worker-id {worker_id} " in proc_cmdline(pid) + " " and \
                 proc_ppid(pid) == up.proc.pid:
             return pid
-    return None
-
-
-def _coordinator_url(up: Up) -> str | None:
-    for pid in up.descendants():
-        args = proc_cmdline(pid).split()
-        if "--coordinator" in args:
-            return args[args.index("--coordinator") + 1]
     return None
 
 
@@ -181,7 +174,7 @@ def test_a_killed_collector_and_learner_are_restarted_and_the_run_goes_on(launch
     run_dir = tmp_path / "run"
     up = launch("--config", str(_config(tmp_path)), "--collectors", "2", "--run-dir",
                 str(run_dir), "--quiet", env={"RLFLEET_TOKEN": TOKEN})
-    url = wait_for(lambda: _coordinator_url(up), 60, "the coordinator's URL")
+    url = wait_for(lambda: coordinator_url(up), 60, "the coordinator's URL")
     wait_for(lambda: _checkpoints(run_dir), 90, "the learner's first checkpoint")
 
     with VersionWatch(url, run_dir) as watch:
