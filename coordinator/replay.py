@@ -233,28 +233,26 @@ class Replay:
                 dead += self._settle(buf, buf.take_released())
                 if worker_id is not None:
                     self.holders.update(dict.fromkeys(refs.chunk_ids, worker_id))
-            if not chunk_ids and len(set(refs.chunk_ids)) == len(refs.chunk_ids):
-                # The first part's list is the response's list as it is: a request of 32
-                # batches names some 700 chunks, and renumbering them one by one took a
+            if not chunk_ids:
+                # The first part's ids (distinct, as every buffer gives them) are the list as
+                # it is: renumbering the 700 chunks of a 32-batch request one by one took a
                 # third of the sample's time.
                 chunk_ids = list(refs.chunk_ids)
-                index_of = {cid: k for k, cid in enumerate(chunk_ids)} if len(plan) > 1 else {}
-                parts.append(PartRefs(part.buffer, part.key, refs.chunk_index, refs.rows,
-                                      refs.item_ids, refs.weights, refs.sequence_length,
-                                      refs.lengths))
-                continue
-            # Renumber this part's chunk indices into the response's shared chunk list.
-            remap = np.empty(len(refs.chunk_ids), dtype=np.int64)
-            for j, cid in enumerate(refs.chunk_ids):
-                k = index_of.get(cid)
-                if k is None:
-                    k = index_of[cid] = len(chunk_ids)
-                    chunk_ids.append(cid)
-                remap[j] = k
-            parts.append(PartRefs(
-                part.buffer, part.key, remap[refs.chunk_index] if remap.size else
-                refs.chunk_index, refs.rows, refs.item_ids, refs.weights, refs.sequence_length,
-                refs.lengths))
+                if len(plan) > 1:
+                    index_of = {cid: k for k, cid in enumerate(chunk_ids)}
+                chunk_index = refs.chunk_index
+            else:  # renumber into the response's shared chunk list
+                remap = np.empty(len(refs.chunk_ids), dtype=np.int64)
+                for j, cid in enumerate(refs.chunk_ids):
+                    k = index_of.get(cid)
+                    if k is None:
+                        k = index_of[cid] = len(chunk_ids)
+                        chunk_ids.append(cid)
+                    remap[j] = k
+                chunk_index = remap[refs.chunk_index] if remap.size else refs.chunk_index
+            parts.append(PartRefs(part.buffer, part.key, chunk_index, refs.rows,
+                                  refs.item_ids, refs.weights, refs.sequence_length,
+                                  refs.lengths))
         return chunk_ids, parts, dead
 
     # -- feedback from learners ---------------------------------------------------------------

@@ -189,13 +189,10 @@ class HttpClient:
             self._direct.close()
         self.session.close()
 
-    def _send(self, method: str, path: str, data: str | None, headers: dict[str, str],
+    def _send(self, method: str, path: str, data: bytes | None, headers: dict[str, str],
               timeout: float) -> _Answer:
         if self._direct is not None:
-            body = None if data is None else data.encode()
-            if body is None and method in ("POST", "PUT", "PATCH"):
-                headers = {**headers, "Content-Length": "0"}
-            return self._direct.send(method, self._prefix + path, body,
+            return self._direct.send(method, self._prefix + path, data,
                                      {**self.headers, **headers}, timeout)
         try:
             resp = self.session.request(method, f"{self.base_url}{path}", data=data,
@@ -214,7 +211,7 @@ class HttpClient:
         data = None
         if body is not None:
             data = (body.model_dump_json() if isinstance(body, BaseModel)
-                    else requests.models.complexjson.dumps(body))
+                    else json.dumps(body)).encode()
         attempts = (self.retries if retries is None else retries) + 1
         delay = self.backoff_s
         last: str = ""

@@ -37,6 +37,7 @@ class ChunkInfo:
 class SampleRefs:
     """References for `num_batches` batches of `batch_size` items.
 
+    `chunk_ids` are distinct (the coordinator's answer takes one part's list as it is);
     `chunk_index[b, i]` indexes `chunk_ids`; `rows[b, i]` is the row (the first row of a
     sequence when `sequence_length` is set); `item_ids` name items for priority updates;
     `weights` are importance-sampling weights (prioritized buffers only); `lengths[k]` is
