@@ -5,7 +5,7 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 
 (a) Collector frames/s: one collector process steps Pong, packs each frame once, compresses
     and writes chunks and reports them; its rate comes from the coordinator's counters.
-    Ceiling: `collector.rollout.Rollout` over the same vector env and network in this
+    Ceiling: `rlfleet.collector.rollout.Rollout` over the same vector env and network in this
     process (one torch thread), storing nothing. Measured for each `env.backend` (envpool
     where the package is installed).
 (b) Bytes stored per env step: the chunks in storage after (a), beside what the same
@@ -62,13 +62,13 @@ from bench.throughput import (  # noqa: E402
     update_loop_per_s,
     write_config,
 )
-from services.launcher import LocalCluster  # noqa: E402
-from shared.codec import decode_arrays, encode_arrays  # noqa: E402
-from shared.config import RunConfig, parse_config  # noqa: E402
-from shared.frames import pack, unpack  # noqa: E402
-from shared.http import HttpClient  # noqa: E402
-from shared.schemas import API  # noqa: E402
-from shared.storage import DirectoryStorage  # noqa: E402
+from rlfleet.launcher import LocalCluster  # noqa: E402
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays  # noqa: E402
+from rlfleet.shared.contract.config import RunConfig, parse_config  # noqa: E402
+from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
+from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.infra.http import HttpClient  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
 
 CONFIG = REPO_ROOT / "configs" / "pong-dqn.yaml"
 GOALS = {"collector_ratio": 0.8, "bytes_per_step": 7500, "learner_utilisation": 0.9}

@@ -39,8 +39,8 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench.common import emit, exit_on_signals, fmt, log, print_tables, ratio, rounded  # noqa: E402
-from coordinator.buffers.base import ChunkInfo  # noqa: E402
-from coordinator.buffers.ring import PrioritizedBuffer  # noqa: E402
+from rlfleet.coordinator.buffers.base import ChunkInfo  # noqa: E402
+from rlfleet.coordinator.buffers.ring import PrioritizedBuffer  # noqa: E402
 
 ALPHA = 0.6
 BETA = 0.4

@@ -73,7 +73,7 @@ def free_running_data(base: Path, name: str, storage: str, epsilon: float) -> di
     """The base config as a dict, made free-running for a throughput measurement: no
     replay-ratio throttling, no evaluations, no stop rule, and a constant epsilon (so every
     collector acts alike from its first step, whatever the run's env step count)."""
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     data = load_config(base).model_dump(mode="json")
     data["name"] = name
@@ -93,7 +93,7 @@ def is_redis(url: str) -> bool:
 def clear_storage(url: str, namespace: str) -> None:
     """Drop one run's data: its Redis keys, or its directory."""
     if is_redis(url):
-        from shared.storage import RedisStorage
+        from rlfleet.shared.infra.storage import RedisStorage
 
         store = RedisStorage(url, namespace)
         try:
@@ -259,10 +259,10 @@ def prefill(coordinator_url: str, storage: str, namespace: str,
     as a collector, take the collect task the coordinator pushes, write each chunk (named
     arrays, one row per transition) to storage, report its metadata, and leave. Returns the
     transitions reported (the coordinator's `buffer.size` says what its buffers hold)."""
-    from shared.codec import encode_arrays
-    from shared.http import HttpClient
-    from shared.schemas import API, ChunkMeta, ChunkReport, RegisterRequest, Role
-    from shared.storage import open_storage
+    from rlfleet.shared.contract.codec import encode_arrays
+    from rlfleet.shared.contract.schemas import API, ChunkMeta, ChunkReport, RegisterRequest, Role
+    from rlfleet.shared.infra.http import HttpClient
+    from rlfleet.shared.infra.storage import open_storage
 
     inbox = TaskInbox()
     client = HttpClient(coordinator_url, timeout_s=30, retries=2)
@@ -303,7 +303,7 @@ def die_with_parent() -> None:
     """A `preexec_fn` for a bench's child (`rlfleet up`): the kernel sends it SIGTERM when
     the bench dies, however it dies (SIGKILL included), and a launcher that gets SIGTERM
     stops its own children in order. The launcher's own children are set up alike."""
-    from services.launcher import _die_with_parent
+    from rlfleet.launcher import _die_with_parent
 
     _die_with_parent()
 

@@ -64,7 +64,7 @@ def write_expert_dataset(root: str | Path, episodes: int = 20, seed: int = 0,
     """Write the dataset under the datasets root `root`; its directory and the returns."""
     import gymnasium as gym
 
-    from shared.datasets import write_minari
+    from rlfleet.shared.data.datasets import write_minari
 
     eps = expert_episodes(episodes, seed)
     env = gym.make("CartPole-v1")

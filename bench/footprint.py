@@ -48,7 +48,7 @@ from bench.common import (  # noqa: E402
     log,
     print_tables,
 )
-from services.forking import role_in  # noqa: E402
+from rlfleet.forking import role_in  # noqa: E402
 
 GOAL_PSS_MB = 800.0
 MB = 1024 * 1024
@@ -81,7 +81,7 @@ class Sample:
 
 
 def describe(proc: psutil.Process, parent_cmd: list[str] | None) -> tuple[str, str]:
-    """(role, name) from the command line: `python -m services.cli <role> ... --worker-id N`
+    """(role, name) from the command line: `python -m rlfleet <role> ... --worker-id N`
     for an exec'd child, `rlfleet <role> ...` for a child `rlfleet up` forked (its title). A
     process with its parent's command line is a fork that has not taken its title yet."""
     try:
@@ -198,7 +198,7 @@ def reference_torch() -> dict[str, float]:
 
 def run(config: Path, collectors: int, max_wall_s: float, interval_s: float,
         storage: str | None, run_dir: Path) -> tuple[Sampler, dict, int]:
-    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
            "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
            "--max-wall-s", str(max_wall_s)]
     if storage:

@@ -6,7 +6,7 @@ Why: a learner group pays only if 2 learners learn nearly twice as fast as one (
 scaling efficiency >= 0.8 at 2 learners, one torch thread each, on a 2-core machine), and it
 holds up only if losing a learner costs seconds of training, not the run.
 
-Setup. One coordinator (`python -m services.cli coordinator`, through `LocalCluster`) on a
+Setup. One coordinator (`python -m rlfleet coordinator`, through `LocalCluster`) on a
 temporary directory as storage. Its replay buffer is prefilled with `--transitions` random
 CartPole-shaped transitions that this process writes to storage and reports over HTTP as a
 registered collector would (`bench.common.prefill`); no collector runs, so the buffer does
@@ -14,7 +14,7 @@ not change and nothing else of the run competes for the cores. The config is
 configs/cartpole-dqn.yaml made free-running (no replay-ratio limit, no evaluations, no stop
 rule) with min_size 1,000 and a network where compute dominates: DQN with an MLP of hidden
 sizes (1024, 1024) and a global batch of `--batch-size` (256: each of 2 ranks learns on a
-shard of 128); checkpoints only when a learner stops. Learners are `python -m services.cli
+shard of 128); checkpoints only when a learner stops. Learners are `python -m rlfleet
 learner` processes (`LocalCluster.add_learner`), each in a session of its own, so its whole
 process group (the gunicorn master and its worker) can be killed at once.
 
@@ -99,14 +99,14 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from learner.group import DistReducer  # noqa: E402
-from services.cli import free_port  # noqa: E402
-from services.launcher import Child, LocalCluster  # noqa: E402
-from shared.algos.dqn import DQN  # noqa: E402
-from shared.config import RunConfig, load_config, parse_config  # noqa: E402
-from shared.envs import EnvSpec, env_spec  # noqa: E402
-from shared.http import HttpClient, HttpError  # noqa: E402
-from shared.schemas import API  # noqa: E402
+from rlfleet.cli import free_port  # noqa: E402
+from rlfleet.launcher import Child, LocalCluster  # noqa: E402
+from rlfleet.learner.group import DistReducer  # noqa: E402
+from rlfleet.shared.algos.dqn import DQN  # noqa: E402
+from rlfleet.shared.contract.config import RunConfig, load_config, parse_config  # noqa: E402
+from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.envs.make import EnvSpec, env_spec  # noqa: E402
+from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 
 HIDDEN_SIZES = (1024, 1024)
 CHUNK_ROWS = 1_000          # transitions per prefilled chunk
@@ -139,7 +139,7 @@ def bench_config(base: Path, name: str, storage: str, transitions: int,
 
 def random_columns(spec: EnvSpec, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Transitions shaped like the env's (random values: learning speed does not depend on
-    them), with the fields and dtypes a collector writes (`shared.algos.base.BASE_FIELDS`)."""
+    them), with the fields and dtypes a collector writes (`BASE_FIELDS`)."""
     terminated = rng.random(rows) < 0.02
     cut = terminated.copy()
     cut[-1] = True

@@ -77,10 +77,10 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from services.cli import free_port  # noqa: E402
-from services.launcher import _die_with_parent  # noqa: E402
-from shared.http import HttpClient, HttpError  # noqa: E402
-from shared.schemas import API  # noqa: E402
+from rlfleet.cli import free_port  # noqa: E402
+from rlfleet.launcher import _die_with_parent  # noqa: E402
+from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 
 ROLES = ("collector", "learner", "coordinator", "redis")
 RATE_WINDOW_S = 1.0  # "sustained for 1 s": a rate is measured over a whole second
@@ -157,7 +157,7 @@ class Up:
     def __init__(self, config: Path, run_dir: Path, collectors: int, storage: str) -> None:
         self.run_dir = run_dir
         self.log_path = run_dir.parent / "up.log"
-        cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+        cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
                "--collectors", str(collectors), "--run-dir", str(run_dir), "--storage",
                storage, "--quiet"]
         with open(self.log_path, "wb") as out:
@@ -167,7 +167,7 @@ class Up:
 
     def child(self, role: str, worker_id: str | None = None) -> int | None:
         """The pid of the launcher's child running `role` (with `--worker-id worker_id`):
-        `python -m services.cli <role> ...`."""
+        `python -m rlfleet <role> ...`."""
         for pid in _child_pids(self.proc.pid):
             args = _cmdline(pid)
             if args[3:4] == [role] and (worker_id is None

@@ -88,11 +88,11 @@ def budget_config(variant: str, seed: int, env_steps: int, work: Path) -> Path:
 def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
     import json
 
-    from shared.rundata import load_run
+    from rlfleet.shared.telemetry.rundata import load_run
 
     run_dir = work / f"mountaincar-{variant}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
            "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
     with open(run_dir / "up.log", "wb") as out:
         code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
@@ -117,8 +117,8 @@ def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -
 
 
 def run_single_process(variant: str, seed: int, config: Path) -> Result:
-    from services.single import run_single
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.single import run_single
 
     result = Result(variant, seed)
     res = run_single(load_config(config), progress=lambda s, i, r, t:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
         if args.mode == "up":
             dirs = [r.run_dir for r in results if r.run_dir]
-            done = subprocess.run([sys.executable, "-m", "services.cli", "plot", *dirs,
+            done = subprocess.run([sys.executable, "-m", "rlfleet", "plot", *dirs,
                                    "--out", str(args.figure)], cwd=REPO_ROOT,
                                   capture_output=True, text=True)
             log(done.stdout.strip() if done.returncode == 0 else

@@ -3,7 +3,7 @@
 For each game (tic-tac-toe, Connect Four), its training config (`configs/<game>-selfplay
 .yaml`, its replay ratio kept; evaluations and stop rules off, so both sides only play and
 learn) runs three ways, in turn:
-- *in one process* (the ceiling the issue names): `services.single.run_single` plays the same
+- *in one process* (the ceiling the issue names): `rlfleet.single.run_single` plays the same
   games with the same battle rollout, league (PFSP draws, snapshots) and learner at the same
   replay ratio, wired by function calls: no HTTP, no storage, one core;
 - *through the cluster*: `rlfleet up` with one collector (`--collectors N`) and the learner;
@@ -61,7 +61,7 @@ WARMUP_S = 12.0  # start-up, torch's import, the buffer's min_size: not the stea
 
 
 def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     data = load_config(REPO_ROOT / CONFIGS[game]).model_dump(mode="json")
     data["name"] = name
@@ -77,8 +77,8 @@ def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
 
 def single_process(config: Path) -> float:
     """Games per second of one process playing and learning (`rlfleet single`)."""
-    from services.single import run_single
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.single import run_single
 
     result = run_single(load_config(config))
     assert result.games is not None
@@ -90,13 +90,13 @@ def play_only(config: Path, seconds: float) -> float:
     import numpy as np
     import torch
 
-    from collector.battle import BattleRollout, OpponentPool
-    from coordinator.league import League
-    from coordinator.matchmaking import as_opponent
-    from shared.algos.base import make_policy
-    from shared.config import load_config
-    from shared.envs import run_spec
-    from shared.storage import DirectoryStorage
+    from rlfleet.collector.battle import BattleRollout, OpponentPool
+    from rlfleet.coordinator.league import League
+    from rlfleet.coordinator.matchmaking import as_opponent
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.infra.storage import DirectoryStorage
 
     torch.set_num_threads(1)
     cfg = load_config(config)
@@ -126,7 +126,7 @@ def play_only(config: Path, seconds: float) -> float:
 def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int) -> float:
     """Games per second the coordinator accepted over the steady part of a run."""
     wall = WARMUP_S + seconds
-    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
            "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
            "--max-wall-s", str(wall)]  # the config's own limit is the one-process run's
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,

@@ -3,7 +3,7 @@
 A trained policy answers `POST /act` over keep-alive HTTP (one connection, one request at a
 time, as a client stepping its env would ask): latency p50 and p99 per request, and actions
 per second, at batch 1 and batch 64. Beside them, the ceiling measured in the same run: the
-same policy's forward pass in this process (`services.play.policy_actions`, what the server
+same policy's forward pass in this process (`rlfleet.play.policy_actions`, what the server
 calls for each request), no HTTP, JSON or validation, so the difference is what serving over
 HTTP costs. Bodies are encoded before the clock starts (the client's JSON encoding is not the
 server's cost); the server is started with a token, as a deployment would run it.
@@ -61,7 +61,7 @@ def make_run(tmp: Path) -> Path:
     config = tmp / "cartpole-ppo.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     run_dir = tmp / "run"
-    done = subprocess.run([sys.executable, "-m", "services.cli", "up", "--config", str(config),
+    done = subprocess.run([sys.executable, "-m", "rlfleet", "up", "--config", str(config),
                            "--collectors", "1", "--run-dir", str(run_dir), "--quiet"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                           preexec_fn=die_with_parent)
@@ -150,8 +150,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4, help="the server's HTTP threads")
     args = ap.parse_args()
 
-    from services.cli import free_port
-    from services.play import policy_actions, trained_policy
+    from rlfleet.cli import free_port
+    from rlfleet.play import policy_actions, trained_policy
 
     with tempfile.TemporaryDirectory(prefix="rlfleet-serve-policy-") as tmp_s:
         tmp = Path(tmp_s)
@@ -168,7 +168,7 @@ def main() -> int:
         log(f"serving {run_dir} (policy version {version}) on port {port}...")
         with open(tmp / "server.log", "wb") as server_log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "serve-policy", str(run_dir), "--port",
+                [sys.executable, "-m", "rlfleet", "serve-policy", str(run_dir), "--port",
                  str(port), "--threads", str(args.threads)],
                 cwd=REPO_ROOT, env={**os.environ, "RLFLEET_TOKEN": token},
                 stdout=subprocess.DEVNULL, stderr=server_log, preexec_fn=die_with_parent)

@@ -105,7 +105,7 @@ def soak_config(base: Path, storage: str, minutes: float, eval_every: int) -> di
     """The base config as a dict, made to run on and on: evaluations every `eval_every` env
     steps that can never solve the run, and no stop rule but a wall clock well past the soak
     (a safety net should this script die without taking its children down)."""
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     data = load_config(base).model_dump(mode="json")
     data["storage"] = storage
@@ -117,9 +117,9 @@ def soak_config(base: Path, storage: str, minutes: float, eval_every: int) -> di
 
 
 def auth_headers() -> dict[str, str]:
-    """The cluster's token, when one is configured (`shared/auth.py`): the launcher's children
+    """The cluster's token, when one is configured (`shared/infra/auth.py`): the launcher's children
     inherit this environment, so they guard their endpoints with the same token."""
-    from shared.auth import load_token
+    from rlfleet.shared.infra.auth import load_token
 
     token = load_token()
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -506,7 +506,7 @@ class Soak:
         self.samples: list[Sample] = []
 
     def start(self, config: Path, collectors: int, port: int) -> None:
-        cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+        cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
                "--collectors", str(collectors), "--run-dir", str(self.run_dir),
                "--storage", self.storage, "--port", str(port), "--quiet"]
         self.run_dir.mkdir(parents=True, exist_ok=True)

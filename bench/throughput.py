@@ -2,13 +2,13 @@
 
 (a) Collector: one collector process (coordinator up, no learner, no replay-ratio throttling,
     no evaluations) writes chunks to storage and reports them; its env steps/s come from the
-    coordinator's counters over a fixed window. Ceiling: `collector.rollout.Rollout` over the
+    coordinator's counters over a fixed window. Ceiling: the collector's `Rollout` over the
     same vector env and DQN policy (same num_envs, chunk_size, hidden sizes, epsilon) stepped
     here with `torch.set_num_threads(1)`, nothing else running.
 (b) Learner: with the buffer filled by a collector and the collector stopped, one learner
     process trains freely on what the coordinator samples and reads chunks from storage; its
     train iterations/s come from the coordinator's counters. Ceiling: the single-process
-    runner's update loop (`Replay.sample` -> `learner.batching.assemble` ->
+    runner's update loop (`Replay.sample` -> `rlfleet.learner.batching.assemble` ->
     `DQNLearner.update`, policy refreshed every `publish_every` iterations, new priorities
     written back after every sample) fed from memory, same batch size, network and buffer.
     Three learners, each on a coordinator of its own: batch 64 on the uniform buffer (on
@@ -57,17 +57,17 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from collector.rollout import Rollout  # noqa: E402
-from coordinator.replay import Replay  # noqa: E402
-from learner.arena import ChunkArena  # noqa: E402
-from learner.batching import assemble_from  # noqa: E402
-from learner.feedback import PriorityFeedback  # noqa: E402
-from services.launcher import Child, LocalCluster  # noqa: E402
-from shared.algos.base import make_policy  # noqa: E402
-from shared.config import DQNConfig, RunConfig, parse_config  # noqa: E402
-from shared.envs import env_spec, make_vector_env  # noqa: E402
-from shared.http import HttpClient, HttpError  # noqa: E402
-from shared.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
+from rlfleet.collector.rollout import Rollout  # noqa: E402
+from rlfleet.coordinator.replay import Replay  # noqa: E402
+from rlfleet.launcher import Child, LocalCluster  # noqa: E402
+from rlfleet.learner.arena import ChunkArena  # noqa: E402
+from rlfleet.learner.batching import assemble_from  # noqa: E402
+from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
+from rlfleet.shared.algos.base import make_policy  # noqa: E402
+from rlfleet.shared.contract.config import DQNConfig, RunConfig, parse_config  # noqa: E402
+from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
+from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
+from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
 LEARNER_GOAL = 0.9     # learner_utilisation the team aims for

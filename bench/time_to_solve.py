@@ -2,7 +2,7 @@
 
 For each seed, the whole cluster runs as local processes (`rlfleet up`, a subprocess) until
 the coordinator's evaluation reaches the config's stop value (475), then the single-process
-runner (`services.single.run_single`: the same rollout, buffers, batching and policy code
+runner (`rlfleet.single.run_single`: the same rollout, buffers, batching and policy code
 wired by function calls, no HTTP and no storage) trains the same config with the same seed in this
 process, stepping as many envs as the cluster's collectors together (`env.num_envs` x
 collectors; see `single_config`). Their ratio is the cost of distribution on this machine,
@@ -118,7 +118,7 @@ def first_reaching(evaluations: list[dict], target: float) -> dict | None:
 def learning_diagnostics(run_dir: Path, config: Path) -> tuple[float | None, float | None]:
     """(the learner's mean lead over the ratio's line in batches, the mean policy lag of
     the chunks), from the run's metrics.jsonl (None where it has no such records)."""
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     cfg = load_config(config)
     buffer = cfg.learner.mix[0].buffer
@@ -145,7 +145,7 @@ def learning_diagnostics(run_dir: Path, config: Path) -> tuple[float | None, flo
 def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
                 storage: str | None) -> ClusterResult:
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "services.cli", "up", "--config", str(config),
+    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
            "--collectors", str(collectors), "--seed", str(seed), "--run-dir", str(run_dir),
            "--quiet"]
     if storage:
@@ -195,7 +195,7 @@ def single_config(config: Path, seed: int, collectors: int):
     step side by side changes how much a DQN learns per env step (on CartPole, 8 envs in one
     process needed 55k-72k env steps where 4 needed 12k-65k), so the two sides compare
     like with like."""
-    from shared.config import load_config, parse_config
+    from rlfleet.shared.contract.config import load_config, parse_config
 
     cfg = load_config(config)
     data = cfg.model_dump()
@@ -205,7 +205,7 @@ def single_config(config: Path, seed: int, collectors: int):
 
 
 def run_single_process(config: Path, seed: int, collectors: int) -> SingleResult:
-    from services.single import run_single
+    from rlfleet.single import run_single
 
     res = run_single(single_config(config, seed, collectors))
     return SingleResult(seed=seed, solved=res.solved,
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.n_step is not None and (args.algo != "dqn" or args.n_step < 2):
         p.error("--n-step N compares N >= 2 with 1-step DQN (--algo dqn)")
 
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     config = (args.config or CONFIGS[args.algo]).resolve()
     stop_value = load_config(config).eval.stop_value

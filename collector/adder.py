@@ -38,12 +38,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.codec import encode_arrays
-from shared.frames import chunk_compression, pack, packable
-from shared.http import HttpClient, HttpError
-from shared.moments import RunningMoments
-from shared.schemas import API, ChunkMeta, ChunkReport, ChunkReportResponse, GameRecord
-from shared.storage import Storage, StorageError
+from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.contract.frames import chunk_compression, pack, packable
+from rlfleet.shared.contract.schemas import (
+    API,
+    ChunkMeta,
+    ChunkReport,
+    ChunkReportResponse,
+    GameRecord,
+)
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import Storage, StorageError
+from rlfleet.shared.util.moments import RunningMoments
 
 log = logging.getLogger("rlfleet.collector")
 

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collector.rollout import Chunk
-from shared.algos.base import Policy, make_policy
-from shared.codec import CodecError, decode_weights
-from shared.config import RunConfig
-from shared.envs import EnvSpec
-from shared.games.bots import make_bot
-from shared.games.match import Game, Table, make_game
-from shared.schemas import GameRecord, Opponent
-from shared.storage import Storage, StorageError, snapshot_blob
+from rlfleet.collector.rollout import Chunk
+from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.contract.codec import CodecError, decode_weights
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import GameRecord, Opponent
+from rlfleet.shared.envs.games.bots import make_bot
+from rlfleet.shared.envs.games.match import Game, Table, make_game
+from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
 
 log = logging.getLogger("rlfleet.collector")
 

@@ -7,7 +7,7 @@ Two ways to cut (`collector.mode`):
 - *episodes*: `episodes_per_chunk` whole episodes, each a contiguous run of rows; an episode
   is never split over two chunks nor mixed with another.
 
-Every chunk has the fields of `shared.algos.base.BASE_FIELDS` (`cut` marks the last row of
+Every chunk has the fields of `rlfleet.shared.algos.base.BASE_FIELDS` (`cut` marks the last row of
 each run), the policy's extras, and `bootstrap_value` for policies that bootstrap cut runs.
 No HTTP and no storage here: the collector service and the single-process runner both drive
 this loop, which is what makes their throughput comparable.
@@ -25,11 +25,11 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from shared.algos.base import Policy
-from shared.envs import final_next_obs, reward_components
-from shared.goals import episode_success
-from shared.moments import RunningMoments
-from shared.schemas import GameRecord, success_rate
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.contract.schemas import GameRecord, success_rate
+from rlfleet.shared.envs.goals import episode_success
+from rlfleet.shared.envs.make import final_next_obs, reward_components
+from rlfleet.shared.util.moments import RunningMoments
 
 
 @dataclass

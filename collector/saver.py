@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 
 STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 SUFFIX = ".episodes.safetensors"

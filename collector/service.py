@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collector.adder import StorageAdder
-from collector.rollout import Rollout, evaluate
-from collector.saver import EpisodeSaver
-from shared.algos.base import ActOutput, Policy, make_policy
-from shared.codec import encode_weights
-from shared.config import RunConfig
-from shared.envs import EnvSpec, make_vector_env, run_spec
-from shared.http import HttpError
-from shared.schemas import (
+from rlfleet.collector.adder import StorageAdder
+from rlfleet.collector.rollout import Rollout, evaluate
+from rlfleet.collector.saver import EpisodeSaver
+from rlfleet.shared.algos.base import ActOutput, Policy, make_policy
+from rlfleet.shared.contract.codec import encode_weights
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import (
     API,
     BattleOutcome,
     ChunkReportResponse,
@@ -58,7 +56,9 @@ from shared.schemas import (
     TaskEnvelope,
     VideoReport,
 )
-from shared.storage import (
+from rlfleet.shared.envs.make import EnvSpec, make_vector_env, run_spec
+from rlfleet.shared.infra.http import HttpError
+from rlfleet.shared.infra.storage import (
     Storage,
     StorageError,
     evaluated_blob,
@@ -66,11 +66,11 @@ from shared.storage import (
     video_blob,
     video_gif_blob,
 )
-from shared.worker import WorkerService
+from rlfleet.shared.worker import WorkerService
 
 if TYPE_CHECKING:
-    from collector.battle import BattleRollout, OpponentPool
-    from collector.weights import StorageWeightSource
+    from rlfleet.collector.battle import BattleRollout, OpponentPool
+    from rlfleet.collector.weights import StorageWeightSource
 
 log = logging.getLogger("rlfleet.collector")
 
@@ -183,7 +183,7 @@ class TorchLoader:
             _load_torch_library()
             import torch
 
-            import collector.weights  # noqa: F401 - its import needs torch
+            import rlfleet.collector.weights  # noqa: F401 - its import needs torch
 
             torch.set_num_threads(1)
         except BaseException as err:  # raised again on the loop's thread by wait()
@@ -349,7 +349,7 @@ class CollectorService(WorkerService):
                                  "at random", cfg.algo.name, self.random_steps)
                 assert policy is not None
                 if battle and pool is None:
-                    from collector.battle import BattleRollout, OpponentPool
+                    from rlfleet.collector.battle import BattleRollout, OpponentPool
 
                     pool = OpponentPool(cfg, spec, storage, seed)
                 if rollout is None and battle and not evaluate_only:
@@ -417,7 +417,7 @@ class CollectorService(WorkerService):
         """The config's policy and the source of its published weights (torch is loaded)."""
         import torch
 
-        from collector.weights import StorageWeightSource
+        from rlfleet.collector.weights import StorageWeightSource
 
         torch.set_num_threads(1)  # this thread acts: say it here too, not only on the loader's
         weights = StorageWeightSource(storage, cfg.collector.policy_check_interval_s)
@@ -496,8 +496,8 @@ class CollectorService(WorkerService):
         cfg = self.wait_config()
         if cfg.eval.video is None or self._video_off:
             return None
-        from collector.video import record  # imageio only where videos are recorded
-        from shared.video import VideoUnavailable
+        from rlfleet.collector.video import record  # imageio only where videos are recorded
+        from rlfleet.shared.telemetry.video import VideoUnavailable
 
         try:
             rec = record(cfg.env, policy, cfg.eval.video, task.seed)
@@ -515,7 +515,7 @@ class CollectorService(WorkerService):
                           storage: Storage) -> None:
         """`task.episodes` games against each opponent from each seat, the policy greedy;
         the games are also the report's deterministic episodes (+1, 0, -1 each)."""
-        from collector.battle import battle_evaluate
+        from rlfleet.collector.battle import battle_evaluate
 
         if policy.version < task.policy_version:
             self._refresh(policy, weights, force=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.algos.base import Policy
-from shared.config import EnvConfig, VideoConfig
-from shared.envs import make_render_env
-from shared.video import Mp4Writer, VideoUnavailable
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.contract.config import EnvConfig, VideoConfig
+from rlfleet.shared.envs.make import make_render_env
+from rlfleet.shared.telemetry.video import Mp4Writer, VideoUnavailable
 
 
 @dataclass

@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from shared.codec import decode_weights
-from shared.storage import Storage
+from rlfleet.shared.contract.codec import decode_weights
+from rlfleet.shared.infra.storage import Storage
 
 
 class StorageWeightSource:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from flask import Flask
 
-from coordinator.dashboard import install_dashboard
-from coordinator.prometheus import install_metrics
-from coordinator.routes import bp
-from coordinator.service import Coordinator
-from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV, install_token_guard, load_token
-from shared.config import RunConfig
-from shared.webapp import install_error_handlers
+from rlfleet.coordinator.dashboard import install_dashboard
+from rlfleet.coordinator.prometheus import install_metrics
+from rlfleet.coordinator.routes import bp
+from rlfleet.coordinator.service import Coordinator
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV, install_token_guard, load_token
+from rlfleet.shared.infra.webapp import install_error_handlers
 
 log = logging.getLogger("rlfleet.coordinator")
 

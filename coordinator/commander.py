@@ -15,11 +15,11 @@ import logging
 import queue
 import threading
 
-from coordinator.membership import Membership, UnknownWorker
-from coordinator.tasks import TaskRecord, TaskTable
-from shared.config import RunConfig
-from shared.http import HttpClient, HttpError
-from shared.schemas import TaskAccepted, TaskEnvelope, TaskState
+from rlfleet.coordinator.membership import Membership, UnknownWorker
+from rlfleet.coordinator.tasks import TaskRecord, TaskTable
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import TaskAccepted, TaskEnvelope, TaskState
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -4,21 +4,22 @@ stored chunks and a read-only buffer, once, when the coordinator starts.
 Chunks are named `dataset-<buffer>-<n>` and written again at every start: the same dataset
 gives the same bytes, so a restart overwrites them with themselves, and a changed dataset
 file is what the run learns from after a restart. Stacked image frames are stored once and
-compressed like a collector's chunks (`shared.frames`), so the learner reads both alike.
+compressed like a collector's chunks (`rlfleet.shared.contract.frames`), so the learner
+reads both alike.
 """
 
 from __future__ import annotations
 
 import logging
 
-from coordinator.buffers.base import ChunkInfo
-from coordinator.buffers.dataset import DatasetBuffer
-from shared.codec import encode_arrays
-from shared.config import BufferConfig, RunConfig
-from shared.datasets import episodes, open_dataset, transitions
-from shared.envs import run_spec
-from shared.frames import chunk_compression, pack, packable
-from shared.storage import Storage
+from rlfleet.coordinator.buffers.base import ChunkInfo
+from rlfleet.coordinator.buffers.dataset import DatasetBuffer
+from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.contract.config import BufferConfig, RunConfig
+from rlfleet.shared.contract.frames import chunk_compression, pack, packable
+from rlfleet.shared.data.datasets import episodes, open_dataset, transitions
+from rlfleet.shared.envs.make import run_spec
+from rlfleet.shared.infra.storage import Storage
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -29,10 +29,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from coordinator.replay import Replay
-from shared.config import RunConfig
-from shared.schemas import ChunkMeta
-from shared.storage import Storage, StorageError
+from rlfleet.coordinator.replay import Replay
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.infra.storage import Storage, StorageError
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -9,8 +9,8 @@ it acknowledged. Evaluation episodes go in the same table with `evaluation: true
 
 A row is written when its chunk report is accepted, never when a restart replays the journal
 (those rows were written the first time), so the table's training episodes add up to the
-coordinator's `episodes` counter. `shared.rundata.load_run(run).episodes` reads it back as a
-pandas DataFrame.
+coordinator's `episodes` counter. `rlfleet.shared.telemetry.rundata.load_run(run).episodes`
+reads it back as a pandas DataFrame.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shared.rundata import EPISODES_NAME
-from shared.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 
 log = logging.getLogger("rlfleet.coordinator")
 

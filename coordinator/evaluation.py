@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.membership import Membership
-from coordinator.tasks import TaskRecord, TaskTable
-from shared.config import RunConfig
-from shared.schemas import (
+from rlfleet.coordinator.membership import Membership
+from rlfleet.coordinator.tasks import TaskRecord, TaskTable
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import (
     BattleOutcome,
     EvalEpisodes,
     EvalSummary,
@@ -40,7 +40,7 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import Storage, evaluated_blob, video_blob, video_gif_blob
+from rlfleet.shared.infra.storage import Storage, evaluated_blob, video_blob, video_gif_blob
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.config import LeagueConfig
+from rlfleet.shared.contract.config import LeagueConfig
 
 MAIN = "main"
 Outcome = Literal["win", "draw", "loss"]

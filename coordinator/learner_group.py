@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.buffers.queue import QueueBuffer
-from coordinator.replay import PartPlan, PartRefs, Replay
-from shared.config import RunConfig
-from shared.schemas import GroupAssignment, GroupSyncRequest
+from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.coordinator.replay import PartPlan, PartRefs, Replay
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import GroupAssignment, GroupSyncRequest
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.league import MAIN, League, Player
-from shared.config import LeagueConfig, RunConfig
-from shared.schemas import ChunkMeta, EvaluationResult, Opponent
-from shared.storage import Storage, StorageError, snapshot_blob
+from rlfleet.coordinator.league import MAIN, League, Player
+from rlfleet.shared.contract.config import LeagueConfig, RunConfig
+from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, Opponent
+from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shared.schemas import Role, WorkerState
+from rlfleet.shared.contract.schemas import Role, WorkerState
 
 MAX_GONE_WORKERS = 256  # dead or departed workers remembered (for `GET /workers`)
 

@@ -26,10 +26,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from shared.schemas import Role
+from rlfleet.shared.contract.schemas import Role
 
 if TYPE_CHECKING:
-    from coordinator.service import Coordinator
+    from rlfleet.coordinator.service import Coordinator
 
 EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
 UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.schemas import Role, TaskKind
+from rlfleet.shared.contract.schemas import Role, TaskKind
 
 if TYPE_CHECKING:
-    from coordinator.service import Coordinator
+    from rlfleet.coordinator.service import Coordinator
 
 
 def buffer_metrics(buffers: dict[str, dict]) -> dict[str, float]:

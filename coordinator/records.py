@@ -30,7 +30,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from shared.rundata import read_records
+from rlfleet.shared.telemetry.rundata import read_records
 
 # Records kept whole: each as its JSON text (about 0.6 KB, a third of the dict it came from).
 # At the default intervals a CartPole run writes a few hundred a minute, so these reach back

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.buffers import (
+from rlfleet.coordinator.buffers import (
     Buffer,
     ChunkInfo,
     ChunkRegistry,
@@ -27,14 +27,14 @@ from coordinator.buffers import (
     make_buffer,
     make_limiter,
 )
-from coordinator.buffers.dataset import DatasetBuffer
-from coordinator.buffers.episode import EpisodeBuffer
-from coordinator.buffers.queue import QueueBuffer
-from shared.codec import decode_arrays, encode_arrays
-from shared.config import RunConfig
-from shared.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
-from shared.storage import Storage
-from shared.webapp import BadRequest
+from rlfleet.coordinator.buffers.dataset import DatasetBuffer
+from rlfleet.coordinator.buffers.episode import EpisodeBuffer
+from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
+from rlfleet.shared.infra.storage import Storage
+from rlfleet.shared.infra.webapp import BadRequest
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -81,7 +81,7 @@ class Replay:
             if bcfg.kind == "dataset":
                 # here, not at the top: it imports gymnasium, which a coordinator without
                 # dataset buffers never needs at start-up
-                from coordinator.datasets import load_dataset_buffer
+                from rlfleet.coordinator.datasets import load_dataset_buffer
 
                 if storage is None:
                     raise ValueError(f"buffers.{name}: a dataset buffer needs storage")

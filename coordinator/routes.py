@@ -1,6 +1,6 @@
 """HTTP routes of the coordinator: parse, call `Coordinator`, answer JSON.
 
-Each route is decorated with `document(...)` (`coordinator.openapi`): what it reads and
+Each route is decorated with `document(...)` (`rlfleet.coordinator.openapi`): what it reads and
 answers, for the OpenAPI document at `GET /openapi.json`. It describes, never validates.
 """
 
@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, request
 
-from coordinator.admission import NotAdmitted
-from coordinator.membership import UnknownWorker
-from coordinator.openapi import document, openapi_document
-from coordinator.replay import UnknownBuffer
-from coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
-from coordinator.tasks import UnknownTask
-from shared.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
-from shared.sample_wire import encode_sample
-from shared.schemas import (
+from rlfleet.coordinator.admission import NotAdmitted
+from rlfleet.coordinator.membership import UnknownWorker
+from rlfleet.coordinator.openapi import document, openapi_document
+from rlfleet.coordinator.replay import UnknownBuffer
+from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
+from rlfleet.coordinator.tasks import UnknownTask
+from rlfleet.shared.contract.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
+from rlfleet.shared.contract.sample_wire import encode_sample
+from rlfleet.shared.contract.schemas import (
     API,
     BufferChunks,
     BufferInfo,
@@ -53,8 +53,8 @@ from shared.schemas import (
     WorkerInfo,
     WorkerList,
 )
-from shared.storage import StorageError
-from shared.webapp import BadRequest, error, parse_body, parse_query
+from rlfleet.shared.infra.storage import StorageError
+from rlfleet.shared.infra.webapp import BadRequest, error, parse_body, parse_query
 
 bp = Blueprint("coordinator", __name__)
 
@@ -242,7 +242,8 @@ def learner_group_sync():
 def sample():
     """Sample references for `num_batches` batches. With `Accept: application/x-rlfleet-
     sample+safetensors` the answer is the same fields with the index arrays in one
-    safetensors body (`shared/sample_wire.py`): what the learner's data process asks for."""
+    safetensors body (`shared/contract/sample_wire.py`): what the learner's data process asks
+    for."""
     c = coord()
     req = parse_body(SampleRequest)
     chunk_ids, parts, granted, env_steps, first_seq = c.sample(req)

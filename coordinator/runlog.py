@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.records import RecordFeed
-from shared.config import RunConfig
-from shared.rundata import JSONL_NAME
-from shared.schemas import ChunkMeta, EvaluationResult, LearnInfo
+from rlfleet.coordinator.records import RecordFeed
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, LearnInfo
+from rlfleet.shared.telemetry.rundata import JSONL_NAME
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -66,7 +66,9 @@ class RunLog:
         self.feed = RecordFeed()  # the records again, for the dashboard's live curves
         if run_dir is None:
             return
-        from shared.logger import RunLogger  # tensorboard is a heavy import: only with a run
+        from rlfleet.shared.telemetry.logger import (
+            RunLogger,  # tensorboard is a heavy import: only with a run
+        )
 
         self.logger = RunLogger(Path(run_dir), cfg.logging, cfg.name,
                                 cfg.model_dump(mode="json"), resume_step=resume_step)

@@ -23,22 +23,20 @@ import zlib
 from collections import deque
 from pathlib import Path
 
-from coordinator.admission import WorkerNetworks
-from coordinator.commander import Commander
-from coordinator.durability import Durability
-from coordinator.episodes import EpisodeTable
-from coordinator.evaluation import EvaluationSchedule
-from coordinator.learner_group import LearnerGroup, StaleGeneration
-from coordinator.matchmaking import Matchmaker
-from coordinator.membership import Membership, UnknownWorker, Worker
-from coordinator.readout import Readout
-from coordinator.replay import PartRefs, Replay, UnknownBuffer
-from coordinator.runlog import RunLog
-from coordinator.tasks import TaskRecord, TaskTable, UnknownTask
-from shared.auth import load_token
-from shared.config import RunConfig
-from shared.http import HttpClient, HttpError
-from shared.schemas import (
+from rlfleet.coordinator.admission import WorkerNetworks
+from rlfleet.coordinator.commander import Commander
+from rlfleet.coordinator.durability import Durability
+from rlfleet.coordinator.episodes import EpisodeTable
+from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.learner_group import LearnerGroup, StaleGeneration
+from rlfleet.coordinator.matchmaking import Matchmaker
+from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker
+from rlfleet.coordinator.readout import Readout
+from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
+from rlfleet.coordinator.runlog import RunLog
+from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
+from rlfleet.shared.contract.config import RunConfig
+from rlfleet.shared.contract.schemas import (
     ChunkMeta,
     ChunkReport,
     ChunkReportResponse,
@@ -63,8 +61,10 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import open_storage
-from shared.storage.credentials import redact
+from rlfleet.shared.infra.auth import load_token
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import open_storage
+from rlfleet.shared.infra.storage.credentials import redact
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -87,7 +87,7 @@ class Coordinator:
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
                  clock=time.monotonic, resume: bool = False) -> None:
         # Whatever the coordinator shows or hands out names storage without its password
-        # (workers find it themselves: shared/storage/credentials.py).
+        # (workers find it themselves: shared/infra/storage/credentials.py).
         if cfg.storage and redact(cfg.storage) != cfg.storage:
             cfg = cfg.with_overrides(storage=redact(cfg.storage))
         self.cfg = cfg

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
-from shared.schemas import CollectTask, EvaluateTask, LearnTask, Task, TaskKind, TaskState
+from rlfleet.shared.contract.schemas import (
+    CollectTask,
+    EvaluateTask,
+    LearnTask,
+    Task,
+    TaskKind,
+    TaskState,
+)
 
 AnyTask = CollectTask | LearnTask | EvaluateTask
 

@@ -6,9 +6,10 @@ profile). In the arena each chunk is written once, when first seen, into a slot;
 then one fancy index per field over the arena, whatever the number of chunks it touches.
 Chunks never change, so a slot needs no invalidation, only LRU reuse.
 
-Chunks of stacked image observations hold each frame once (`shared/frames.py`): a slot then
+Chunks of stacked image observations hold each frame once (`shared/contract/frames.py`): a slot then
 has room for `slot_frames` frames beside its rows, and a row's frame indices are stored
-rebased to the arena, so a batch's stacks are one more gather (`shared.frames.take`).
+rebased to the arena, so a batch's stacks are one more gather
+(`rlfleet.shared.contract.frames.take`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from shared.frames import FRAMES, INDEX
+from rlfleet.shared.contract.frames import FRAMES, INDEX
 
 Fetch = Callable[[list[str]], list[Mapping[str, np.ndarray]]]
 

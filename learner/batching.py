@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.sampling import DEFAULT_FIELDS, part_rows
-from learner.transforms import BatchTransforms
-from shared.frames import take, unpack
+from rlfleet.learner.sampling import DEFAULT_FIELDS, part_rows
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.contract.frames import take, unpack
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from shared.codec import decode_weights, encode_weights
-from shared.storage import Storage
+from rlfleet.shared.contract.codec import decode_weights, encode_weights
+from rlfleet.shared.infra.storage import Storage
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -18,7 +18,7 @@ learner. Its stdout carries only messages; its log goes to stderr, the learner's
 It also stores the policy versions the learner publishes (`learner/weight_relay.py`), which
 takes their encoding and writing off the training process's GIL.
 
-    python -m learner.dataproc   # started by `DataProcess`, never by hand
+    python -m rlfleet.learner.dataproc   # started by `DataProcess`, never by hand
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from learner.sampling import SampleLoop, batch_fields, part_rows
-from learner.shm import SHM_DIR, new_region
-from learner.transforms import BatchTransforms
-from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
-from shared.frames import field_layout, take
-from shared.schemas import MixShare, SampleResponse
+from rlfleet.learner.sampling import SampleLoop, batch_fields, part_rows
+from rlfleet.learner.shm import SHM_DIR, new_region
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
+from rlfleet.shared.contract.frames import field_layout, take
+from rlfleet.shared.contract.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -222,13 +222,13 @@ class ShmWriter(SampleLoop):
 
 
 def main() -> int:
-    from shared.storage.credentials import log_to_stderr
+    from rlfleet.shared.infra.storage.credentials import log_to_stderr
 
     log_to_stderr(os.environ.get("RLFLEET_LOG_LEVEL", "INFO"),
                   "%(asctime)s learner-data %(levelname)s %(name)s: %(message)s")
     settings = json.loads(sys.stdin.readline())
-    from shared.http import HttpClient
-    from shared.storage import open_storage
+    from rlfleet.shared.infra.http import HttpClient
+    from rlfleet.shared.infra.storage import open_storage
 
     client = HttpClient(settings["coordinator"], timeout_s=10)
     storage = open_storage(settings["storage"], settings["run"])
@@ -310,7 +310,7 @@ class DataProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "learner.dataproc"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "rlfleet.learner.dataproc"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env, cwd=root)
         self._send(self.settings)
         self.relay = RelayClient(WeightRegion(SHM_DIR, f"rlfleet-dp-{self._proc.pid}-w-"),
@@ -372,7 +372,7 @@ class DataProcess:
     def _batches(self, message: dict) -> list:
         import torch
 
-        from learner.batching import Batch
+        from rlfleet.learner.batching import Batch
 
         path = message["path"]
         region = self._maps.get(path)

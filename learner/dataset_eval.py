@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shared.algos.base import Policy
-from shared.algos.nets import as_obs_tensor
-from shared.config import ConfigError, RunConfig
-from shared.datasets import discounted_returns, episodes, open_dataset, transitions
-from shared.envs import EnvSpec
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.nets import as_obs_tensor
+from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.data.datasets import discounted_returns, episodes, open_dataset, transitions
+from rlfleet.shared.envs.make import EnvSpec
 
 BATCH = 4096
 

@@ -7,8 +7,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from learner.batching import Batch
-from shared.schemas import PriorityUpdate
+from rlfleet.learner.batching import Batch
+from rlfleet.shared.contract.schemas import PriorityUpdate
 
 
 class PriorityFeedback:

@@ -30,8 +30,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from shared.codec import decode_weights, encode_weights
-from shared.schemas import GroupAssignment
+from rlfleet.shared.contract.codec import decode_weights, encode_weights
+from rlfleet.shared.contract.schemas import GroupAssignment
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.batching import Batch, assemble_from
-from learner.sampling import SampleLoop, batch_fields
-from shared.schemas import SampleResponse
+from rlfleet.learner.batching import Batch, assemble_from
+from rlfleet.learner.sampling import SampleLoop, batch_fields
+from rlfleet.shared.contract.schemas import SampleResponse
 
 
 class Prefetcher(SampleLoop):

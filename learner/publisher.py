@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from learner.weight_relay import RelayUnavailable
-from shared.codec import decode_weights, encode_weights
-from shared.storage import Storage, StorageError, VersionConflict
+from rlfleet.learner.weight_relay import RelayUnavailable
+from rlfleet.shared.contract.codec import decode_weights, encode_weights
+from rlfleet.shared.infra.storage import Storage, StorageError, VersionConflict
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -16,8 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from shared.http import HttpClient, HttpError
-from shared.schemas import API, LearnInfo, LearnInfoResponse
+from rlfleet.shared.contract.schemas import API, LearnInfo, LearnInfoResponse
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shared.codec import decode_arrays
-from shared.frames import unpack
-from shared.http import HttpClient, HttpError
-from shared.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
-from shared.storage import ChunkNotFound, Storage, StorageError
+from rlfleet.shared.contract.codec import decode_arrays
+from rlfleet.shared.contract.frames import unpack
+from rlfleet.shared.contract.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
 # After a failed sample request (not a rate limit): a coordinator that is restarting answers

@@ -24,12 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from learner.arena import ChunkArena
-from learner.transforms import BatchTransforms
-from shared.codec import CodecError, decode_arrays
-from shared.http import HttpClient, HttpError
-from shared.sample_wire import MEDIA_TYPE, decode_sample
-from shared.schemas import (
+from rlfleet.learner.arena import ChunkArena
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.contract.codec import CodecError, decode_arrays
+from rlfleet.shared.contract.sample_wire import MEDIA_TYPE, decode_sample
+from rlfleet.shared.contract.schemas import (
     API,
     MAX_SAMPLE_ITEMS,
     MixShare,
@@ -37,7 +36,8 @@ from shared.schemas import (
     SampleResponse,
     sample_items,
 )
-from shared.storage import ChunkNotFound, Storage, StorageError
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import ChunkNotFound, Storage, StorageError
 
 log = logging.getLogger("rlfleet.learner")
 

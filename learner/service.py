@@ -22,22 +22,20 @@ from urllib.parse import urlparse
 
 import torch
 
-from learner.checkpoints import CheckpointStore
-from learner.dataproc import DataProcess
-from learner.dataset_eval import DatasetScorer
-from learner.feedback import PriorityFeedback, updates_from
-from learner.group import GroupError, GroupMember
-from learner.prefetch import Prefetcher
-from learner.publisher import PublishConflict, Publisher
-from learner.reporter import Reporter
-from learner.rollouts import RolloutFeeder
-from learner.transforms import BatchTransforms
-from shared.algos.base import Policy, make_policy
-from shared.algos.reward_model import with_reward_model
-from shared.config import ConfigError, RunConfig
-from shared.envs import run_spec
-from shared.http import HttpError
-from shared.schemas import (
+from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.learner.dataproc import DataProcess
+from rlfleet.learner.dataset_eval import DatasetScorer
+from rlfleet.learner.feedback import PriorityFeedback, updates_from
+from rlfleet.learner.group import GroupError, GroupMember
+from rlfleet.learner.prefetch import Prefetcher
+from rlfleet.learner.publisher import PublishConflict, Publisher
+from rlfleet.learner.reporter import Reporter
+from rlfleet.learner.rollouts import RolloutFeeder
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.reward_model import with_reward_model
+from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.schemas import (
     API,
     Consumed,
     GroupAssignment,
@@ -51,8 +49,10 @@ from shared.schemas import (
     TaskAccepted,
     TaskEnvelope,
 )
-from shared.storage import Storage, StorageError, open_storage
-from shared.worker import WorkerService
+from rlfleet.shared.envs.make import run_spec
+from rlfleet.shared.infra.http import HttpError
+from rlfleet.shared.infra.storage import Storage, StorageError, open_storage
+from rlfleet.shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
 

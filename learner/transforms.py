@@ -17,7 +17,7 @@ the env's rows). So the rows after a sampled row, up to its run's cut, are its f
   `future`; of the run's last row: `final`) replaces the desired goal in obs and next_obs,
   and the env's `compute_reward` (and `compute_terminated`, when the env has one) gives the
   reward (and termination) for it. The flattened observation's parts are where the env's
-  spec says (`shared/goals.py`). Runs are what a chunk holds: with `collector.mode:
+  spec says (`shared/envs/goals.py`). Runs are what a chunk holds: with `collector.mode:
   episodes` a run is a whole episode.
 - **Per-buffer rewards** (`learner.mix[].reward`): every row drawn from that buffer gets
   that reward (SQIL: 1 for expert data, 0 for the agent's own).
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.frames import take
+from rlfleet.shared.contract.frames import take
 
 # Fields computed here rather than indexed straight from the chunks.
 DISCOUNT = "discount"
@@ -68,11 +68,11 @@ class BatchTransforms:
         her = None
         if getattr(algo, "her", None) is not None:
             if spec is None:
-                from shared.envs import run_spec
+                from rlfleet.shared.envs.make import run_spec
 
                 spec = run_spec(cfg)
             if spec.goal is None:
-                from shared.config import ConfigError
+                from rlfleet.shared.contract.config import ConfigError
 
                 raise ConfigError(f"algo.her: env.id={cfg.env.id!r} is not goal-conditioned "
                                   "(observations Dict(observation, achieved_goal, "
@@ -200,8 +200,8 @@ class BatchTransforms:
         here."""
         if self._goal_fns is None:
             assert self.her is not None
-            from shared.config import EnvConfig
-            from shared.envs import goal_functions
+            from rlfleet.shared.contract.config import EnvConfig
+            from rlfleet.shared.envs.make import goal_functions
 
             self._goal_fns = goal_functions(EnvConfig(**self.her["env"]))
         return self._goal_fns

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from learner.shm import new_region
-from shared.codec import encode_arrays
-from shared.storage import Storage, StorageError, VersionConflict
+from rlfleet.learner.shm import new_region
+from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.infra.storage import Storage, StorageError, VersionConflict
 
 if TYPE_CHECKING:
     import torch

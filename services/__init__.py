@@ -1,0 +1,61 @@
+"""rlfleet: distributed reinforcement-learning training.
+
+One coordinator, any number of collectors and learners, talking HTTP and sharing experience
+and policy weights through storage. The package's folders are its layers:
+
+- `rlfleet.shared`: what the roles share, in layers that import downward only (the contract,
+  infrastructure, envs, data, algorithms, telemetry);
+- `rlfleet.coordinator`, `rlfleet.collector`, `rlfleet.learner`: the three roles, which never
+  import each other;
+- `rlfleet` itself (this folder, `services/` in the repository): how processes start, the
+  `rlfleet` command (`rlfleet.cli`), the local launcher, the single-process runner.
+
+The names below are the public API, imported on first use so that `import rlfleet` stays
+cheap (a collector never pays for torch, a status command never for gymnasium).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it
+_PUBLIC = {
+    "Policy": "rlfleet.shared.algos.base",
+    "ActOutput": "rlfleet.shared.algos.base",
+    "LearnOutput": "rlfleet.shared.algos.base",
+    "Reducer": "rlfleet.shared.algos.base",
+    "EnvSpec": "rlfleet.shared.envs.make",
+    "RunConfig": "rlfleet.shared.contract.config",
+    "ConfigError": "rlfleet.shared.contract.config",
+    "load_config": "rlfleet.shared.contract.config",
+    "parse_config": "rlfleet.shared.contract.config",
+    "load_run": "rlfleet.shared.telemetry.rundata",
+}
+
+__all__ = ["ActOutput", "ConfigError", "EnvSpec", "LearnOutput", "Policy", "Reducer", "RunConfig",
+           "__version__", "load_config", "load_run", "parse_config"]
+
+if TYPE_CHECKING:
+    from rlfleet.shared.algos.base import ActOutput, LearnOutput, Policy, Reducer
+    from rlfleet.shared.contract.config import ConfigError, RunConfig, load_config, parse_config
+    from rlfleet.shared.envs.make import EnvSpec
+    from rlfleet.shared.telemetry.rundata import load_run
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("rlfleet")
+        except PackageNotFoundError:  # imported from a source tree that was never installed
+            return "0+unknown"
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlfleet' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -16,20 +16,20 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shared.config import ConfigError, load_config
+from rlfleet.shared.contract.config import ConfigError, load_config
 
 
 def battle_run(run_dir: Path, games: int, seed: int, policy_path: Path | None = None
                ) -> dict[str, Any]:
     import torch
 
-    from collector.battle import OpponentPool, battle_evaluate
-    from coordinator.evaluation import battle_rates
-    from shared.algos.base import make_policy
-    from shared.codec import decode_weights
-    from shared.envs import run_spec
-    from shared.schemas import BattleOutcome, Opponent
-    from shared.storage import open_storage, snapshot_blob
+    from rlfleet.collector.battle import OpponentPool, battle_evaluate
+    from rlfleet.coordinator.evaluation import battle_rates
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.codec import decode_weights
+    from rlfleet.shared.contract.schemas import BattleOutcome, Opponent
+    from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.infra.storage import open_storage, snapshot_blob
 
     torch.set_num_threads(1)
     cfg = load_config(run_dir / "config.yaml")

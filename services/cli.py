@@ -19,8 +19,8 @@ configure containers.
 
 Two settings are environment-only, because they are secrets or concern every role alike:
 `RLFLEET_TOKEN` (or `RLFLEET_TOKEN_FILE`), the cluster's shared API token that every service
-requires and every client sends (`shared/auth.py`), and `RLFLEET_MAX_BODY_BYTES`, the request
-body limit of every service (`shared/webapp.py`). `rlfleet up` passes both to its children.
+requires and every client sends (`shared/infra/auth.py`), and `RLFLEET_MAX_BODY_BYTES`, the request
+body limit of every service (`shared/infra/webapp.py`). `rlfleet up` passes both to its children.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import socket
 import sys
 from pathlib import Path
 
-from shared.config import ConfigError, load_config
+from rlfleet.shared.contract.config import ConfigError, load_config
 
 
 def env(name: str, default=None):
@@ -46,7 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _setup_logging(role: str) -> None:
-    from shared.storage.credentials import log_to_stderr
+    from rlfleet.shared.infra.storage.credentials import log_to_stderr
 
     log_to_stderr(env("LOG_LEVEL", "INFO"), f"%(asctime)s {role} %(levelname)s %(name)s: "
                   "%(message)s")
@@ -60,7 +60,7 @@ def _advertise(args: argparse.Namespace) -> str:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from services.serve import serve_in_process
+    from rlfleet.serve import serve_in_process
 
     _setup_logging("coordinator")
     if not args.config:
@@ -76,7 +76,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def factory():
-        from coordinator.app import create_app
+        from rlfleet.coordinator.app import create_app
 
         return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
 
@@ -95,11 +95,11 @@ def _worker(args: argparse.Namespace, role: str) -> int:
     if not args.port:
         args.port = free_port(args.host if args.host != "0.0.0.0" else "127.0.0.1")
     if role == "collector":
-        from collector.service import CollectorService as Service
+        from rlfleet.collector.service import CollectorService as Service
     else:  # first, so that everything it imports (Flask, pydantic, torch) is imported nicer
-        Service = _import_nicer("learner.service", "LearnerService")
-    from services.serve import serve_in_process
-    from shared.worker import create_worker_app
+        Service = _import_nicer("rlfleet.learner.service", "LearnerService")
+    from rlfleet.serve import serve_in_process
+    from rlfleet.shared.worker import create_worker_app
 
     def factory():
         service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
@@ -159,7 +159,7 @@ def _non_negative(text: str) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from services.launcher import up
+    from rlfleet.launcher import up
 
     return up(args)
 
@@ -168,7 +168,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run that stopped before it was done. A run that ended solved is finished:
     training it again only risks the policy it found (an evaluation fell from 500 to 125
     once), so that takes `--continue`."""
-    from services.launcher import up
+    from rlfleet.launcher import up
 
     summary = Path(args.run_dir) / "summary.json"
     try:
@@ -187,7 +187,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's collected episodes as a Minari dataset (`services/export.py`)."""
-    from services.export import export_run
+    from rlfleet.export import export_run
 
     done = export_run(args.run_dir, args.out, args.dataset_id, args.source, args.min_return,
                       args.max_return, args.limit, args.episodes, args.greedy)
@@ -199,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from services.plot import plot
+    from rlfleet.plot import plot
 
     try:
         result = plot([Path(d) for d in args.run_dir], Path(args.out) if args.out else None)
@@ -210,7 +210,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_battle(args: argparse.Namespace) -> int:
-    from services.battle import battle_run, print_battle
+    from rlfleet.battle import battle_run, print_battle
 
     print_battle(battle_run(Path(args.run_dir), args.games, args.seed,
                             Path(args.policy) if args.policy else None))
@@ -219,7 +219,7 @@ def cmd_battle(args: argparse.Namespace) -> int:
 
 def cmd_play(args: argparse.Namespace) -> int:
     """A run's best policy playing its env (`services/play.py`)."""
-    from services.play import play_run, print_played
+    from rlfleet.play import play_run, print_played
 
     print_played(play_run(Path(args.run_dir), args.episodes, args.video, args.stochastic,
                           args.seed))
@@ -228,7 +228,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_serve_policy(args: argparse.Namespace) -> int:
     """A run's best policy over HTTP (`services/policy_server.py`)."""
-    from services.policy_server import serve_policy
+    from rlfleet.policy_server import serve_policy
 
     _setup_logging("serve-policy")
     return serve_policy(Path(args.run_dir), args.host, args.port, args.threads, args.reload_s)
@@ -238,8 +238,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own,
     and so does compose's `scaler` (collectors); under Kubernetes use its scale command (the
     coordinator records the wish either way, and sizes the learner group to it)."""
-    from shared.http import HttpClient, HttpError
-    from shared.schemas import API, RunState, ScaleRequest
+    from rlfleet.shared.contract.schemas import API, RunState, ScaleRequest
+    from rlfleet.shared.infra.http import HttpClient, HttpError
 
     if args.collectors is None and args.learners is None:
         print("rlfleet scale: give --collectors N, --learners N or both", file=sys.stderr)
@@ -261,7 +261,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def cmd_scaler(args: argparse.Namespace) -> int:
     """Add and remove collector containers to follow the run's wish (services/scaler.py)."""
-    from services.scaler import ScalerError, main
+    from rlfleet.scaler import ScalerError, main
 
     _setup_logging("scaler")
     if args.min_env_steps_per_s and not args.max_collectors:
@@ -275,7 +275,7 @@ def cmd_scaler(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from services.status import print_status
+    from rlfleet.status import print_status
 
     return print_status(args.coordinator)
 
@@ -284,7 +284,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Build what a config names (its env and its policy, torch and the user's code
     included): `rlfleet up` runs this in a child when a config names code by import path, so
     the launcher itself never imports torch."""
-    from shared.algos.base import check_run_config
+    from rlfleet.shared.algos.base import check_run_config
 
     check_run_config(load_config(args.config))
     print(f"{args.config}: ok")
@@ -294,8 +294,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_single(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from services.single import run_single
-    from shared.algos.base import check_run_config
+    from rlfleet.shared.algos.base import check_run_config
+    from rlfleet.single import run_single
 
     _setup_logging("single")
     cfg = load_config(args.config).with_overrides(seed=args.seed)
@@ -306,8 +306,15 @@ def cmd_single(args: argparse.Namespace) -> int:
     return 0 if res.solved else 3
 
 
+def _version() -> str:
+    import rlfleet
+
+    return rlfleet.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlfleet", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"rlfleet {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("coordinator", help="serve the coordinator (one process: the Flask app "
@@ -487,8 +494,8 @@ _SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
 def _check_environment(command: str) -> None:
     """Fail before anything starts (exit 2, one line) on a token or body-limit setting that
     would otherwise fail inside a gunicorn worker or a child process, as a traceback."""
-    from shared.auth import load_token
-    from shared.webapp import max_body_bytes
+    from rlfleet.shared.infra.auth import load_token
+    from rlfleet.shared.infra.webapp import max_body_bytes
 
     if command in _HTTP_COMMANDS:
         load_token()
@@ -511,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _record_crash(err: BaseException, command: str) -> None:
-    """A role that dies of an error says why to its supervisor (`shared/crash.py`)."""
-    from shared.crash import write_crash
+    """A role that dies of an error says why to its supervisor (`shared/infra/crash.py`)."""
+    from rlfleet.shared.infra.crash import write_crash
 
     write_crash(err, command, "start-up")
 

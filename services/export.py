@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collector.saver import as_episode, read_saved, run_rows
-from shared.config import ConfigError, RunConfig, load_config
-from shared.datasets import write_minari
-from shared.storage import open_storage
+from rlfleet.collector.saver import as_episode, read_saved, run_rows
+from rlfleet.shared.contract.config import ConfigError, RunConfig, load_config
+from rlfleet.shared.data.datasets import write_minari
+from rlfleet.shared.infra.storage import open_storage
 
 if TYPE_CHECKING:
-    from shared.algos.base import Policy
+    from rlfleet.shared.algos.base import Policy
 
 
 # The env step a trained policy acts at "as when collecting": past every exploration schedule
@@ -63,10 +63,10 @@ def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool) -> Iterator[dict[st
 
 
 def snapshot_episodes(cfg: RunConfig, run_dir: Path) -> Iterator[dict[str, np.ndarray]]:
-    from coordinator.buffers.dataset import DatasetBuffer
-    from coordinator.replay import Replay
-    from shared.codec import decode_arrays
-    from shared.frames import unpack
+    from rlfleet.coordinator.buffers.dataset import DatasetBuffer
+    from rlfleet.coordinator.replay import Replay
+    from rlfleet.shared.contract.codec import decode_arrays
+    from rlfleet.shared.contract.frames import unpack
 
     storage = open_storage(cfg.storage or str(run_dir / "storage"), cfg.name)
     try:
@@ -93,7 +93,7 @@ class _Greedy:
         self._policy = policy
 
     def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None):
-        from shared.algos.base import ActOutput
+        from rlfleet.shared.algos.base import ActOutput
 
         extras = self._policy.act(obs, env_step, mask).extras
         return ActOutput(np.asarray(self._policy.act_eval(obs, True, mask)), extras)
@@ -129,9 +129,9 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
     one then."""
     import torch
 
-    from shared.algos.base import make_policy
-    from shared.codec import decode_weights
-    from shared.envs import run_spec
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.codec import decode_weights
+    from rlfleet.shared.envs.make import run_spec
 
     torch.set_num_threads(1)
     state, meta = decode_weights(blob)
@@ -143,8 +143,8 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
 
 def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False
                     ) -> Iterator[dict[str, np.ndarray]]:
-    from collector.rollout import Rollout
-    from shared.envs import make_vector_env
+    from rlfleet.collector.rollout import Rollout
+    from rlfleet.shared.envs.make import make_vector_env
 
     policy, _ = load_best_policy(cfg, run_dir)
     envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
@@ -161,7 +161,7 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
                source: str = "auto", min_return: float | None = None,
                max_return: float | None = None, limit: int | None = None,
                episodes: int = 20, greedy: bool = False) -> Exported:
-    from shared.envs import make_vector_env
+    from rlfleet.shared.envs.make import make_vector_env
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

@@ -16,7 +16,7 @@ thread pools do not survive a fork): `can_fork` says so, and otherwise the calle
 the child with exec as before. So the first children of `rlfleet up` are forked; restarts and
 scaling, which happen while the progress display's thread runs, exec. Both run the same
 command (`services.cli.main(argv)`); in `ps` a forked child is titled `rlfleet <role> ...`
-(setproctitle), an exec'd one `python -m services.cli <role> ...`.
+(setproctitle), an exec'd one `python -m rlfleet <role> ...`.
 """
 
 from __future__ import annotations
@@ -41,20 +41,21 @@ from pathlib import Path
 # What each role imports before it serves. torch is not here: a learner and a collector load
 # it themselves, on a nicer thread, after the fork.
 PRELOAD: dict[str, tuple[str, ...]] = {
-    "coordinator": ("coordinator.app", "services.serve", "services.http_errors", "cheroot.wsgi"),
-    "collector": ("collector.service", "shared.worker", "services.serve", "services.http_errors",
-                  "cheroot.wsgi"),
-    "learner": ("shared.worker", "services.serve", "services.http_errors", "cheroot.wsgi"),
+    "coordinator": ("rlfleet.coordinator.app", "rlfleet.serve", "rlfleet.http_errors",
+                    "cheroot.wsgi"),
+    "collector": ("rlfleet.collector.service", "rlfleet.shared.worker", "rlfleet.serve",
+                  "rlfleet.http_errors", "cheroot.wsgi"),
+    "learner": ("rlfleet.shared.worker", "rlfleet.serve", "rlfleet.http_errors", "cheroot.wsgi"),
 }
 
 
 def role_in(cmdline: list[str]) -> str | None:
     """The rlfleet command a process runs, from its command line: the word after
-    `services.cli` (an exec'd child, `python -m services.cli <role> ...`) or after `rlfleet`
+    `services.cli` (an exec'd child, `python -m rlfleet <role> ...`) or after `rlfleet`
     (the console script, or a forked child's title `rlfleet <role> ...`, which is one string:
     split it first). None for anything else."""
     for i, arg in enumerate(cmdline[:-1]):
-        if arg == "services.cli" or Path(arg).name == "rlfleet":
+        if arg == "rlfleet" or Path(arg).name == "rlfleet":
             return cmdline[i + 1]
     return None
 
@@ -132,7 +133,7 @@ def fork_role(argv: list[str], log_path: Path, env: dict[str, str],
     code = 1
     try:
         _become_child(argv, log_path, env, setup)
-        from services.cli import main
+        from rlfleet.cli import main
 
         code = main(argv)
     except SystemExit as err:
@@ -147,7 +148,7 @@ def fork_role(argv: list[str], log_path: Path, env: dict[str, str],
 
 def _become_child(argv: list[str], log_path: Path, env: dict[str, str],
                   setup: Callable[[], None]) -> None:
-    """Turn the fresh fork into what an exec'd `python -m services.cli <argv>` would be."""
+    """Turn the fresh fork into what an exec'd `python -m rlfleet <argv>` would be."""
     setup()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)

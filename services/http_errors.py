@@ -3,7 +3,7 @@
 A request line or headers that cheroot cannot parse, a request line or headers over the size
 limit, an HTTP version it does not speak, a request that does not arrive in time: cheroot
 answers these with `HTTPRequest.simple_response`, in plain text. Our request class answers them
-as the app answers its own errors (`shared/webapp.py`): `{"error": ..., "field": null}` with
+as the app answers its own errors (`shared/infra/webapp.py`): `{"error": ..., "field": null}` with
 `Content-Type: application/json`, where `error` is the status's reason and cheroot's message
 (for example `Bad Request: Malformed Request-Line`). Cheroot closes the connection after every
 one of these, so the answer says `Connection: close`.

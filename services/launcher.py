@@ -35,13 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.cli import free_port
-from services.forking import ForkedChild, can_fork, fork_role, preload
-from shared.config import ConfigError, RunConfig, dump_config, load_config
-from shared.crash import CRASH_FILE_ENV, read_crash, signature
-from shared.http import HttpClient, HttpError
-from shared.schemas import API
-from shared.storage.credentials import (
+from rlfleet.cli import free_port
+from rlfleet.forking import ForkedChild, can_fork, fork_role, preload
+from rlfleet.shared.contract.config import ConfigError, RunConfig, dump_config, load_config
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.crash import CRASH_FILE_ENV, read_crash, signature
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage.credentials import (
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,
     configured_password,
@@ -108,7 +108,7 @@ class Child:
         return self.log_path.with_name(f"{self.name}.crash.json")
 
     def crash(self) -> dict | None:
-        """The error this child died of, as it recorded it (`shared/crash.py`); None while
+        """The error this child died of, as it recorded it (`shared/infra/crash.py`); None while
         it runs, after a clean exit, or when it was killed before it could say."""
         if self.proc.poll() in (None, 0):
             return None
@@ -205,7 +205,7 @@ class LocalCluster:
                          args, nice)
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed at exit
         # No stdin: a child is in the terminal's session, in a background process group.
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *argv],
+        proc = subprocess.Popen([sys.executable, "-m", "rlfleet", *argv],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, preexec_fn=setup, cwd=os.getcwd())
         log.close()
@@ -418,11 +418,11 @@ def check_config(cfg: RunConfig, path: Path | str) -> None:
     is built by a `rlfleet check` child (that code may import torch), whose one-line error
     becomes ours. Raises `ConfigError`."""
     if not names_code(cfg):
-        from shared.algos.base import check_run_config
+        from rlfleet.shared.algos.base import check_run_config
 
         check_run_config(cfg, build=False)
         return
-    done = subprocess.run([sys.executable, "-m", "services.cli", "check", "--config",
+    done = subprocess.run([sys.executable, "-m", "rlfleet", "check", "--config",
                            str(path)], capture_output=True, text=True, cwd=os.getcwd())
     if done.returncode != 0:
         text = done.stderr.strip()
@@ -588,8 +588,8 @@ def _scale(cluster: LocalCluster, status: dict, say: Say) -> None:
 
 
 def _wish_collectors(url: str, n: int) -> None:
-    from shared.http import HttpClient
-    from shared.schemas import API
+    from rlfleet.shared.contract.schemas import API
+    from rlfleet.shared.infra.http import HttpClient
 
     client = HttpClient(url, timeout_s=10, retries=5)
     try:

@@ -12,7 +12,7 @@ gymnasium-robotics' goal envs and `rlfleet/BitFlip-v0` do) get a success column 
 success rate; other envs print none rather than a rate of 0.
 
 `--video PATH` records the first episode: the env is made with `render_mode="rgb_array"` and
-its frames are written as MP4 (`shared/video.py`, the `video` extra). An env that cannot
+its frames are written as MP4 (`shared/telemetry/video.py`, the `video` extra). An env that cannot
 render, a run directory without a config or a best policy, and a self-play run (its moves
 are masked, and `rlfleet battle` plays it against bots) are one-line errors (exit code 2).
 
@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
-from shared.config import ConfigError, RunConfig
-from shared.goals import episode_success
-from shared.schemas import success_rate
-from shared.video import VideoUnavailable
+from rlfleet.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
+from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.schemas import success_rate
+from rlfleet.shared.envs.goals import episode_success
+from rlfleet.shared.telemetry.video import VideoUnavailable
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from shared.algos.base import Policy
+    from rlfleet.shared.algos.base import Policy
 
 DEFAULT_FPS = 30
 
@@ -94,7 +94,7 @@ def policy_actions(policy: Policy, obs: np.ndarray, deterministic: bool = True) 
 def _play_env(cfg: RunConfig, seed: int, render: bool) -> gym.vector.VectorEnv:
     """One env of the run's kind, stepped in this process (an `async` backend's subprocess
     buys nothing for one env); with `render`, made to render rgb_array frames."""
-    from shared.envs import make_vector_env
+    from rlfleet.shared.envs.make import make_vector_env
 
     env_cfg = cfg.env
     updates: dict = {"backend": "sync"} if env_cfg.backend == "async" else {}
@@ -131,7 +131,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
              stochastic: bool = False, seed: int | None = None) -> Played:
     """Play `episodes` whole episodes one after another from `seed` (default: the run's
     seed); with `video`, write the first one's frames there as MP4."""
-    from shared.video import Mp4Writer
+    from rlfleet.shared.telemetry.video import Mp4Writer
 
     if episodes < 1:
         raise ConfigError(f"--episodes={episodes}: play at least one episode")

@@ -29,14 +29,14 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from services.plot_league import (
+from rlfleet.plot_league import (
     has_win_rates,
     load_league,
     payoff_panel,
     ratings_panel,
     win_rate_panel,
 )
-from shared.rundata import RunData, load_run
+from rlfleet.shared.telemetry.rundata import RunData, load_run
 
 log = logging.getLogger("rlfleet.plot")
 

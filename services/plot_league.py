@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 
-from shared.rundata import RunData
+from rlfleet.shared.telemetry.rundata import RunData
 
 log = logging.getLogger("rlfleet.plot")
 

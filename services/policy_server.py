@@ -26,12 +26,12 @@ warning per version of the file, and is tried again at the next check.
   liveness, open without the token. `GET /openapi.json`: this API as OpenAPI 3.1 (the
   coordinator's generator, `coordinator/openapi.py`, over these routes).
 
-Every 4xx is JSON `{"error", "field"}` (`shared/webapp.py`): 400 naming `obs` for a wrong
+Every 4xx is JSON `{"error", "field"}` (`shared/infra/webapp.py`): 400 naming `obs` for a wrong
 shape (the message says the expected one), an empty batch or more than `MAX_BATCH` rows;
 naming the element (`obs.3.1`) for one that is not a number, NaN or infinite, or out of the
 observation dtype's range (uint8 images: integers 0-255); naming an unknown field; `field`
 null for a body that is not a JSON object. 413 for a body over `RLFLEET_MAX_BODY_BYTES`; 401
-(`Authorization`) without the cluster's token when one is set (`shared/auth.py`).
+(`Authorization`) without the cluster's token when one is set (`shared/infra/auth.py`).
 
 Served by `services/serve.py`'s in-process cheroot pool (`--threads`); inference is one
 torch thread and one forward pass at a time (a lock: the policies' samplers are not
@@ -51,16 +51,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from services.export import BEST_POLICY_FILE, policy_from_blob
-from services.play import policy_actions, trained_policy
-from shared.config import ConfigError
-from shared.schemas import Health, Request, Response
-from shared.webapp import BadRequest
+from rlfleet.export import BEST_POLICY_FILE, policy_from_blob
+from rlfleet.play import policy_actions, trained_policy
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.schemas import Health, Request, Response
+from rlfleet.shared.infra.webapp import BadRequest
 
 if TYPE_CHECKING:
     from flask import Flask
 
-    from shared.algos.base import Policy
+    from rlfleet.shared.algos.base import Policy
 
 log = logging.getLogger("rlfleet.policy_server")
 
@@ -132,7 +132,7 @@ class PolicyService:
     def __init__(self, run_dir: Path, reload_s: float = DEFAULT_RELOAD_S) -> None:
         import gymnasium as gym
 
-        from shared.envs import make_vector_env
+        from rlfleet.shared.envs.make import make_vector_env
 
         if not reload_s >= 0:  # also NaN
             raise ConfigError(f"--reload-s={reload_s}: seconds between checks for a newer "
@@ -284,7 +284,7 @@ class PolicyService:
         served = self.served
         with self._lock:  # one forward pass at a time: samplers hold state
             actions = policy_actions(served.policy, obs, deterministic)
-        if not self.discrete:  # as the run's envs clip them (shared/envs.py: ClipAction)
+        if not self.discrete:  # as the run's envs clip them (shared/envs/make.py: ClipAction)
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
         return actions, served.version
 
@@ -328,9 +328,9 @@ def create_app(service: PolicyService) -> Flask:
     """The policy server's Flask app (the pytest client serves the very same one)."""
     from flask import Flask, current_app, jsonify
 
-    from coordinator.openapi import document, openapi_document
-    from shared.auth import install_token_guard, load_token
-    from shared.webapp import install_error_handlers, parse_body
+    from rlfleet.coordinator.openapi import document, openapi_document
+    from rlfleet.shared.infra.auth import install_token_guard, load_token
+    from rlfleet.shared.infra.webapp import install_error_handlers, parse_body
 
     app = Flask("rlfleet.policy_server")
     install_error_handlers(app)
@@ -379,9 +379,9 @@ def serve_policy(run_dir: Path, host: str, port: int, threads: int = 4,
                  reload_s: float = DEFAULT_RELOAD_S) -> int:
     """Serve the run's policy until SIGTERM/SIGINT, following its newer best policies every
     `reload_s` seconds; blocks and returns the exit code."""
-    from services.serve import InProcessServer
-    from shared.auth import load_token
-    from shared.webapp import max_body_bytes
+    from rlfleet.serve import InProcessServer
+    from rlfleet.shared.infra.auth import load_token
+    from rlfleet.shared.infra.webapp import max_body_bytes
 
     load_token()  # a bad token or body-limit setting: exit 2 before the policy loads
     max_body_bytes()

@@ -187,14 +187,14 @@ class Scaler:
                  rule: InsertRateRule | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
-        self.coordinator = coordinator  # shared.http.HttpClient
+        self.coordinator = coordinator  # rlfleet.shared.infra.http.HttpClient
         self.interval_s = interval_s
         self.rule = rule
         self.clock = clock
         self.stop = threading.Event()
 
     def round(self) -> tuple[list[str], list[str]]:
-        from shared.schemas import API
+        from rlfleet.shared.contract.schemas import API
 
         run = self.coordinator.get(f"{API}/run")
         wanted = run.get("collectors_desired")
@@ -227,7 +227,7 @@ class Scaler:
 def main(args: Any) -> int:
     import docker
 
-    from shared.http import HttpClient
+    from rlfleet.shared.infra.http import HttpClient
 
     client = docker.from_env()
     project = args.project or own_project(client)

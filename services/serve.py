@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shared.config import ConfigError
+from rlfleet.shared.contract.config import ConfigError
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -43,7 +43,7 @@ class InProcessServer:
                  shutdown_timeout_s: float = 10.0) -> None:
         from cheroot.wsgi import Server  # noqa: PLC0415 - only the worker roles need it
 
-        from services import http_errors  # noqa: PLC0415 - imports cheroot
+        from rlfleet import http_errors  # noqa: PLC0415 - imports cheroot
 
         self.app = app
         self.service = app.extensions["rlfleet"]

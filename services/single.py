@@ -20,26 +20,26 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from collector.battle import BattleRollout, OpponentPool, battle_evaluate
-from collector.rollout import Rollout, evaluate
-from coordinator.evaluation import battle_rates
-from coordinator.league import MAIN, League
-from coordinator.matchmaking import as_opponent, eval_opponents, solved_by
-from coordinator.replay import Replay
-from learner.arena import ChunkArena
-from learner.batching import assemble_from
-from learner.feedback import PriorityFeedback
-from learner.rollouts import concat_chunks
-from learner.sampling import batch_fields
-from learner.transforms import BatchTransforms
-from shared.algos.base import Policy, make_policy
-from shared.algos.reward_model import with_reward_model
-from shared.codec import encode_weights
-from shared.config import ConfigError, RunConfig
-from shared.envs import EnvSpec, make_vector_env, run_spec
-from shared.frames import pack, packable
-from shared.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
-from shared.storage import DirectoryStorage, snapshot_blob
+from rlfleet.collector.battle import BattleRollout, OpponentPool, battle_evaluate
+from rlfleet.collector.rollout import Rollout, evaluate
+from rlfleet.coordinator.evaluation import battle_rates
+from rlfleet.coordinator.league import MAIN, League
+from rlfleet.coordinator.matchmaking import as_opponent, eval_opponents, solved_by
+from rlfleet.coordinator.replay import Replay
+from rlfleet.learner.arena import ChunkArena
+from rlfleet.learner.batching import assemble_from
+from rlfleet.learner.feedback import PriorityFeedback
+from rlfleet.learner.rollouts import concat_chunks
+from rlfleet.learner.sampling import batch_fields
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.reward_model import with_reward_model
+from rlfleet.shared.contract.codec import encode_weights
+from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.frames import pack, packable
+from rlfleet.shared.contract.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
+from rlfleet.shared.envs.make import EnvSpec, make_vector_env, run_spec
+from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob
 
 log = logging.getLogger("rlfleet.single")
 
@@ -274,10 +274,10 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
                         eval_success, evaluations)
 
 
-if __name__ == "__main__":  # quick manual runs: python -m services.single CONFIG [SEED]
+if __name__ == "__main__":  # quick manual runs: python -m rlfleet.single CONFIG [SEED]
     import sys
 
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
 
     cfg = load_config(sys.argv[1])
     if len(sys.argv) > 2:

@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shared.http import HttpClient, HttpError
-from shared.schemas import API
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 
 def league_table(league: dict[str, Any]) -> Table:

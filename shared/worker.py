@@ -6,7 +6,7 @@
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
   `POST /task`, the same under gunicorn and the pytest client; with a cluster token set, all
-  but `/health` need it (`shared.auth`).
+  but `/health` need it (`rlfleet.shared.infra.auth`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from typing import Any
 
 from flask import Flask, current_app, jsonify
 
-from shared.auth import install_token_guard, load_token
-from shared.config import RunConfig, parse_config
-from shared.crash import describe, write_crash
-from shared.http import HttpClient, HttpError
-from shared.schemas import (
+from rlfleet.shared.contract.config import RunConfig, parse_config
+from rlfleet.shared.contract.schemas import (
     API,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -35,7 +32,10 @@ from shared.schemas import (
     TaskEnvelope,
     TaskResult,
 )
-from shared.webapp import install_error_handlers, parse_body
+from rlfleet.shared.infra.auth import install_token_guard, load_token
+from rlfleet.shared.infra.crash import describe, write_crash
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.webapp import install_error_handlers, parse_body
 
 log = logging.getLogger("rlfleet.worker")
 
@@ -215,7 +215,7 @@ class WorkerService(ABC):
 
     def fail(self, err: BaseException | None = None, where: str = "") -> None:
         """The role's loop died (of `err`, in `where`): record why for the supervisor
-        (`shared/crash.py`) and stop the whole process (`services/serve.py`), which exits 1,
+        (`shared/infra/crash.py`) and stop the whole process (`services/serve.py`), which exits 1,
         so the launcher or the orchestrator sees the crash, rather than a process that
         answers /health but does no work."""
         if err is not None:

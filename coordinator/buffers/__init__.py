@@ -10,12 +10,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
-from coordinator.buffers.episode import EpisodeBuffer
-from coordinator.buffers.queue import QueueBuffer
-from coordinator.buffers.ratelimit import RateLimiter
-from coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
-from shared.config import BufferConfig
+from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
+from rlfleet.coordinator.buffers.episode import EpisodeBuffer
+from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.coordinator.buffers.ratelimit import RateLimiter
+from rlfleet.coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
+from rlfleet.shared.contract.config import BufferConfig
 
 
 def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1e-6) -> Buffer:
@@ -32,7 +32,8 @@ def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1
     if cfg.kind == "queue":
         return QueueBuffer(name, cfg.capacity, seed, max_policy_lag=cfg.max_policy_lag)
     if cfg.kind == "dataset":
-        raise ValueError(f"buffers.{name}: dataset buffers are loaded by coordinator.datasets")
+        raise ValueError(f"buffers.{name}: dataset buffers are loaded by "
+                         "rlfleet.coordinator.datasets")
     raise ValueError(f"buffers.{name}.kind={cfg.kind!r} is not a buffer kind")
 
 

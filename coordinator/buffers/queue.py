@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.buffers.base import Buffer, ChunkInfo, Monitor, SampleError, SampleRefs
-from coordinator.buffers.ring import _pack_ids, _unpack_ids
+from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, Monitor, SampleError, SampleRefs
+from rlfleet.coordinator.buffers.ring import _pack_ids, _unpack_ids
 
 _QUEUE_COUNTERS = ("consumed_chunks", "consumed_items", "requeued_chunks")
 

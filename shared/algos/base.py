@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from shared.envs import EnvSpec
+from rlfleet.shared.envs.make import EnvSpec
 
 # torch for annotations only: a collector acts, and the launcher checks a config, before
 # torch (2-3 s to import) has loaded or without it.
@@ -139,8 +139,8 @@ def load_object(path: str, what: str) -> Any:
     return obj
 
 
-BUILTIN = {"dqn": "shared.algos.dqn:DQN", "cql": "shared.algos.cql:CQL",
-           "bc": "shared.algos.bc:BehaviourCloning", "ppo": "shared.algos.ppo:PPO"}
+BUILTIN = {"dqn": "rlfleet.shared.algos.dqn:DQN", "cql": "rlfleet.shared.algos.cql:CQL",
+           "bc": "rlfleet.shared.algos.bc:BehaviourCloning", "ppo": "rlfleet.shared.algos.ppo:PPO"}
 
 
 def policy_class(algo_cfg: Any) -> type:
@@ -175,12 +175,12 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
     `build=False` checks a built-in algorithm's needs of the env without building it, so the
     caller (`rlfleet up`) never imports torch; a policy or an `algo.reward_model` named by
     import path is always built, since only building it can show it works."""
-    from shared.config import ConfigError
-    from shared.envs import env_spec
+    from rlfleet.shared.contract.config import ConfigError
+    from rlfleet.shared.envs.make import env_spec
 
     try:
         if cfg.league is not None:
-            from shared.games.match import GameError, game_spec
+            from rlfleet.shared.envs.games.match import GameError, game_spec
 
             try:
                 spec = game_spec(cfg.env.id, cfg.env.kwargs)
@@ -200,7 +200,7 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
                           f"desired_goal); {cfg.env.id!r} has observations of shape "
                           f"{spec.obs_shape}")
     if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
-        from shared.datasets import check_datasets
+        from rlfleet.shared.data.datasets import check_datasets
 
         check_datasets(cfg, spec)
     if not build and not cfg.algo.policy and cfg.algo.reward_model is None:
@@ -216,6 +216,6 @@ def check_run_config(cfg: Any, build: bool = True) -> None:
     except (ValueError, TypeError) as err:
         raise ConfigError(f"algo: {err}") from None
     if cfg.algo.reward_model is not None:
-        from shared.algos.reward_model import check_reward_model
+        from rlfleet.shared.algos.reward_model import check_reward_model
 
         check_reward_model(cfg, spec)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from shared.algos.adam import FusedAdam
+    from rlfleet.shared.algos.adam import FusedAdam
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: type[nn.Module] = nn.ReLU

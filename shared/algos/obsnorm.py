@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.moments import RunningMoments
+from rlfleet.shared.util.moments import RunningMoments
 
 
 class ObsNormalizer(nn.Module):

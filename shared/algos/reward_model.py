@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from shared.algos.base import (
+from rlfleet.shared.algos.base import (
     ActOutput,
     ImportPathError,
     LearnOutput,
@@ -39,7 +39,7 @@ from shared.algos.base import (
     Reducer,
     load_object,
 )
-from shared.envs import EnvSpec
+from rlfleet.shared.envs.make import EnvSpec
 
 FIELD = "algo.reward_model"
 PREFIX = "reward_model."
@@ -87,7 +87,7 @@ def check_reward_model(cfg: Any, spec: EnvSpec) -> None:
     """Build the reward model a run's config names and try it on a few rows of zeros, so a
     wrong path, bad kwargs or an env it cannot handle is a `ConfigError` naming the field at
     launch. A model that cannot learn in a group is refused for `learner.count > 1`."""
-    from shared.config import ConfigError
+    from rlfleet.shared.contract.config import ConfigError
 
     rm = cfg.algo.reward_model
     if rm is None:
@@ -169,7 +169,7 @@ class WithRewardModel:
             if hasattr(part, "set_reducer"):
                 part.set_reducer(reducer)
             elif grouped:
-                from shared.config import ConfigError
+                from rlfleet.shared.contract.config import ConfigError
 
                 raise ConfigError(f"{what}={type(part).__name__} has no set_reducer: it "
                                   "cannot learn in a group; use learner.count: 1")

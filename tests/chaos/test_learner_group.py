@@ -151,7 +151,7 @@ def test_a_learner_that_joins_mid_run_is_taken_into_the_group(tmp_path, launch):
         assert group_of(run)["world_size"] == 1
         collection(run, "pause")
         scale = subprocess.run(
-            [sys.executable, "-m", "services.cli", "scale", "--learners", "2",
+            [sys.executable, "-m", "rlfleet", "scale", "--learners", "2",
              "--coordinator", run.url], cwd=REPO, capture_output=True, text=True, timeout=30)
         assert scale.returncode == 0, scale.stderr
         assert "learners wanted: 2" in scale.stdout

@@ -67,7 +67,7 @@ def collectors(status: dict, state: str = "alive") -> list[dict]:
 
 
 def scale(stack: Stack, n: int) -> None:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "scale", "--collectors", str(n),
+    out = subprocess.run([sys.executable, "-m", "rlfleet", "scale", "--collectors", str(n),
                           "--coordinator", stack.url], cwd=REPO, capture_output=True, text=True,
                          timeout=60, env=dict(os.environ, RLFLEET_TOKEN=stack.token))
     assert out.returncode == 0, out.stderr

@@ -24,8 +24,8 @@ import pytest
 import requests
 import yaml
 
-from services.forking import role_in
-from services.launcher import Child
+from rlfleet.forking import role_in
+from rlfleet.launcher import Child
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "cartpole-dqn.yaml"
@@ -131,7 +131,7 @@ def proc_cmdline(pid: int) -> str:
 
 
 def role_of(pid: int) -> str | None:
-    """The rlfleet command a process runs (`services.forking.role_in`), None if none."""
+    """The rlfleet command a process runs (`rlfleet.forking.role_in`), None if none."""
     return role_in(proc_cmdline(pid).split())
 
 
@@ -171,7 +171,7 @@ def describe(pids: list[int]) -> str:
 
 
 class Service(Child):
-    """One `python -m services.cli <role> ...` process (a gunicorn master and its worker),
+    """One `python -m rlfleet <role> ...` process (a gunicorn master and its worker),
     in its own session so the whole group can be stopped: the launcher's `Child`, plus what
     tests ask of it."""
 
@@ -217,7 +217,7 @@ class Processes:
     def start(self, name: str, role: str, *args: str, port: int | None = None) -> Service:
         port = port or free_port()
         log_path = self.tmp / f"{name}.log"
-        cmd = [sys.executable, "-m", "services.cli", role, *args, "--port", str(port)]
+        cmd = [sys.executable, "-m", "rlfleet", role, *args, "--port", str(port)]
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                     cwd=REPO, start_new_session=True)
@@ -253,12 +253,12 @@ requires_redis = pytest.mark.skipif(not redis_available(), reason=f"no Redis at 
 # -- rlfleet up as a user runs it -------------------------------------------------------------
 
 class Up:
-    """One `python -m services.cli up ...` subprocess."""
+    """One `python -m rlfleet up ...` subprocess."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.marker = uuid.uuid4().hex
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", *args], cwd=REPO,
+            [sys.executable, "-m", "rlfleet", "up", *args], cwd=REPO,
             env={**marked_env(self.marker), **(env or {})}, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
         self.stdout = self.stderr = ""

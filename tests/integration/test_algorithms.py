@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.codec import decode_weights
+from rlfleet.shared.contract.codec import decode_weights
 
 from .helpers import REPO, config_from
 

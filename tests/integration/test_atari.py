@@ -13,9 +13,9 @@ import yaml
 
 pytest.importorskip("ale_py", reason="the atari extra: pip install -e '.[atari]'")
 
-from shared.codec import decode_arrays  # noqa: E402
-from shared.frames import FRAMES, unpack  # noqa: E402
-from shared.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.contract.codec import decode_arrays  # noqa: E402
+from rlfleet.shared.contract.frames import FRAMES, unpack  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
 
 from .helpers import REPO  # noqa: E402
 

@@ -1,5 +1,5 @@
 """A real cluster whose learner draws each batch from two buffers: half uniform, half
-prioritized. One coordinator, one collector and one learner (each `python -m services.cli`),
+prioritized. One coordinator, one collector and one learner (each `python -m rlfleet`),
 directory storage, until a small env-step budget runs out.
 
 What only a whole cluster shows: the learner's |TD errors| come back as priorities over
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.codec import decode_arrays
-from shared.schemas import API
-from shared.storage import DirectoryStorage
+from rlfleet.shared.contract.codec import decode_arrays
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import Processes, small_config, wait_for
 

@@ -1,5 +1,5 @@
 """A real cluster on Redis: one coordinator, one collector and one learner, each its own
-`python -m services.cli` process, training CartPole until a small env-step budget runs out.
+`python -m rlfleet` process, training CartPole until a small env-step budget runs out.
 
 The run happens once per module (it takes ~20-30 s on 2 cores); while it runs, the fixture
 samples how many chunks Redis holds next to how many the buffer holds, then waits until the
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shared.codec import decode_arrays
-from shared.schemas import API
-from shared.storage import RedisStorage
+from rlfleet.shared.contract.codec import decode_arrays
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.storage import RedisStorage
 
 from .helpers import (
     REDIS_URL,

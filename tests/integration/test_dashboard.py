@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from shared.schemas import API
+from rlfleet.shared.contract.schemas import API
 
 from .helpers import free_port, small_config, wait_for
 

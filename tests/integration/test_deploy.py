@@ -2,7 +2,7 @@
 
 No Docker engine, no cluster and no network: every file is parsed and checked against the
 things it must agree with, the `rlfleet` CLI above all (every container command must parse with
-`services.cli.build_parser()`, and every RLFLEET_* variable must be one the CLI reads).
+`rlfleet.cli.build_parser()`, and every RLFLEET_* variable must be one the CLI reads).
 
 docker-compose.yml is validated against the Compose Specification's JSON schema in
 `data/compose-spec.json`: compose-spec's `schema/compose-spec.json` as vendored by PyPI's
@@ -27,7 +27,7 @@ import jsonschema
 import pytest
 import yaml
 
-from services.cli import build_parser
+from rlfleet.cli import build_parser
 
 from .helpers import REPO
 
@@ -149,11 +149,11 @@ def settings(argv: list[str], env: dict[str, str]) -> set[str]:
 
 def cli_env_names() -> set[str]:
     """The RLFLEET_* variables rlfleet reads: the CLI's options, plus the token and body
-    limit, which the services read themselves (shared/auth.py, shared/webapp.py)."""
+    limit, which the services read themselves (shared/infra/auth.py, shared/infra/webapp.py)."""
     source = (REPO / "services" / "cli.py").read_text()
     names = {f"RLFLEET_{name}" for name in re.findall(r'\benv\("([A-Z_]+)"', source)}
     for module in ("auth.py", "webapp.py"):
-        text = (REPO / "shared" / module).read_text()
+        text = (REPO / "shared" / "infra" / module).read_text()
         names |= set(re.findall(r'"(RLFLEET_[A-Z_]+)"', text))
     return names
 
@@ -248,7 +248,7 @@ def test_compose_and_k8s_admit_workers_from_their_own_networks_only():
     """The coordinator POSTs tasks to the URL a worker registers: in both deployments it
     takes private addresses (compose's and pods' networks), never link-local (a cloud
     metadata service), loopback (itself) or public ones."""
-    from coordinator.admission import NotAdmitted, WorkerNetworks
+    from rlfleet.coordinator.admission import NotAdmitted, WorkerNetworks
 
     for env in (compose_env(compose()["services"]["coordinator"]),
                 k8s_env(k8s_container("coordinator"))):
@@ -319,7 +319,7 @@ def test_kustomization_resources_exist():
 
 
 def test_run_config_is_the_cartpole_config():
-    from shared.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     (generator,) = kustomization()["configMapGenerator"]
     (entry,) = generator["files"]
@@ -469,12 +469,11 @@ def test_dockerfile():
         "torch 2.13.0 must come from the CPU index by default"
     assert torch and '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"}' in torch[0]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["rlfleet"] == "services.cli:main"
+    assert pyproject["project"]["scripts"]["rlfleet"] == "rlfleet.cli:main"
     assert "torch==2.13.0" in pyproject["project"]["dependencies"]
     copied = " ".join(all_of("COPY"))
-    packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]
-                ["include"]]
-    for needed in ["pyproject.toml", "configs/", *(f"{p}/" for p in packages)]:
+    folders = pyproject["tool"]["setuptools"]["package-dir"].values()
+    for needed in ["pyproject.toml", *(f"{p}/" for p in folders)]:
         assert needed in copied, f"the Dockerfile does not copy {needed}"
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import requests
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from shared.rundata import load_run
-from shared.schemas import API
-from shared.video import read_frames
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.telemetry.rundata import load_run
+from rlfleet.shared.telemetry.video import read_frames
 
 from .helpers import coordinator_url, small_config, wait_for
 

@@ -10,12 +10,12 @@ import json
 import numpy as np
 import yaml
 
-from collector.rollout import evaluate
-from services.export import load_best_policy, read_run_config
-from services.single import run_single
-from shared.config import parse_config
-from shared.envs import make_vector_env
-from shared.rundata import load_run
+from rlfleet.collector.rollout import evaluate
+from rlfleet.export import load_best_policy, read_run_config
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.telemetry.rundata import load_run
+from rlfleet.single import run_single
 
 from .helpers import REPO
 

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("mujoco", reason="the mujoco extra: pip install -e '.[mujoco]'")
 
-from shared.codec import decode_arrays, decode_weights  # noqa: E402
-from shared.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.contract.codec import decode_arrays, decode_weights  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
 
 from .helpers import REPO  # noqa: E402
 

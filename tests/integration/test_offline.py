@@ -20,7 +20,7 @@ from .helpers import REPO  # noqa: E402
 
 
 def _cli(*args: str, env: dict | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "rlfleet", *args], capture_output=True,
                           text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

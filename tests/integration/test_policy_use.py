@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from bench.serve_policy import observations
-from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV
+from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV
 
 from .helpers import REPO, Processes, Up, config_from, free_port, wait_for
 
@@ -35,7 +35,7 @@ USERLAND = REPO / "tests" / "userland"
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlfleet", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=180, env={**_clean_env(), **(env or {})})
 
 
@@ -64,10 +64,10 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _policy_of(run_dir: Path):
     """The run's best policy, loaded here the plain way (not through the code under test)."""
-    from shared.algos.base import make_policy
-    from shared.codec import decode_weights
-    from shared.config import load_config
-    from shared.envs import run_spec
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.codec import decode_weights
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.envs.make import run_spec
 
     cfg = load_config(run_dir / "config.yaml")
     state, meta = decode_weights((run_dir / "best_policy.safetensors").read_bytes())
@@ -88,7 +88,7 @@ def _episode_rows(stdout: str) -> list[tuple[int, float, int]]:
 
 
 def test_play_prints_every_episode_and_writes_a_video(trained_run: Path, tmp_path: Path):
-    from shared.video import read_frames
+    from rlfleet.shared.telemetry.video import read_frames
 
     video = tmp_path / "out" / "play.mp4"
     done = _cli("play", str(trained_run), "--episodes", "3", "--video", str(video))
@@ -123,11 +123,11 @@ def _config(base: str, **changes: dict) -> dict:
 def _untrained_run(tmp_path: Path, name: str, data: dict, version: int = 7) -> Path:
     """A run directory as `rlfleet up` leaves it (config.yaml, best_policy.safetensors), with
     a freshly initialised policy as its best one."""
-    from shared.algos.base import make_policy
-    from shared.codec import encode_weights
-    from shared.config import load_config
-    from shared.envs import run_spec
-    from shared.moments import RunningMoments
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.codec import encode_weights
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.util.moments import RunningMoments
 
     run_dir = tmp_path / name
     run_dir.mkdir()
@@ -303,7 +303,7 @@ def test_serve_policy_stops_cleanly_on_sigterm(served):
 # -- other policies, served in-process -----------------------------------------------------------
 
 def _client(run_dir: Path, monkeypatch: pytest.MonkeyPatch):
-    from services.policy_server import PolicyService, create_app
+    from rlfleet.policy_server import PolicyService, create_app
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
@@ -394,7 +394,7 @@ def test_play_reports_the_success_rate_of_envs_that_say(tmp_path: Path,
     """Bit flipping sets `info["is_success"]`: play counts it per episode (an episode
     succeeds exactly when it returns more than -n_bits) and prints the rate; CartPole says
     nothing, and play prints no rate rather than 0."""
-    from services.play import play_run, print_played
+    from rlfleet.play import play_run, print_played
 
     bits = 3
     bitflip = _untrained_run(tmp_path, "bitflip", _config(
@@ -422,10 +422,10 @@ def test_play_reports_the_success_rate_of_envs_that_say(tmp_path: Path,
 def _write_best(run_dir: Path, seed: int, version: int):
     """A new best policy in the run dir, written as the coordinator writes it (a temporary
     file renamed over the old one); returns it, loaded for comparison."""
-    from shared.algos.base import make_policy
-    from shared.codec import encode_weights
-    from shared.config import load_config
-    from shared.envs import run_spec
+    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.contract.codec import encode_weights
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.envs.make import run_spec
 
     cfg = load_config(run_dir / "config.yaml")
     policy = make_policy(cfg.algo, run_spec(cfg), seed)
@@ -445,9 +445,9 @@ def test_serve_policy_swaps_in_a_newer_best_policy_and_rides_out_a_broken_one(
     import logging
     import threading
 
-    from services.policy_server import PolicyService, create_app
-    from services.serve import InProcessServer
-    from shared.config import ConfigError
+    from rlfleet.policy_server import PolicyService, create_app
+    from rlfleet.serve import InProcessServer
+    from rlfleet.shared.contract.config import ConfigError
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import requests
 
-from shared.schemas import API
-from shared.storage import DirectoryStorage
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import Processes, Service, free_port, small_config, wait_for
 

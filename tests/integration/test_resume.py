@@ -15,7 +15,7 @@ import sys
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from shared.rundata import load_run
+from rlfleet.shared.telemetry.rundata import load_run
 
 from .helpers import REPO, checkpoint_index, marked_env, metric_records, small_config, wait_for
 
@@ -53,7 +53,7 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
     last_checkpoint = checkpoint_index(run_dir)[-1]["train_iterations"]
 
     resumed = subprocess.run(
-        [sys.executable, "-m", "services.cli", "resume", str(run_dir), "--quiet"], cwd=REPO,
+        [sys.executable, "-m", "rlfleet", "resume", str(run_dir), "--quiet"], cwd=REPO,
         capture_output=True, text=True, timeout=300, env=marked_env(up.marker))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -102,7 +102,7 @@ def test_a_killed_run_resumes_and_solves_with_consistent_curves(launch, tmp_path
 
     # and the picture
     out = tmp_path / "curves.png"
-    plotted = subprocess.run([sys.executable, "-m", "services.cli", "plot", str(run_dir),
+    plotted = subprocess.run([sys.executable, "-m", "rlfleet", "plot", str(run_dir),
                               "--out", str(out)], cwd=REPO, capture_output=True, text=True,
                              timeout=60)
     assert plotted.returncode == 0, plotted.stderr
@@ -120,13 +120,13 @@ def test_resuming_a_solved_run_says_it_is_finished(tmp_path):
     summary = {"outcome": "solved", "solved": True, "eval_return": 500.0, "env_steps": 31000,
                "best_policy": str(run_dir / "best_policy.safetensors")}
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    done = subprocess.run([sys.executable, "-m", "services.cli", "resume", str(run_dir)],
+    done = subprocess.run([sys.executable, "-m", "rlfleet", "resume", str(run_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "is finished: it was solved" in done.stdout and "--continue" in done.stdout
     assert json.loads((run_dir / "summary.json").read_text()) == summary  # nothing ran
     assert not (run_dir / "logs").exists()
     # --continue goes on to resume: this directory has no config, which it says.
-    more = subprocess.run([sys.executable, "-m", "services.cli", "resume", str(run_dir),
+    more = subprocess.run([sys.executable, "-m", "rlfleet", "resume", str(run_dir),
                            "--continue"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert more.returncode == 2 and "has no config.yaml" in more.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.codec import decode_weights
+from rlfleet.shared.contract.codec import decode_weights
 
 from .helpers import REPO, checkpoint_index, marked_env, metric_records, wait_for
 
@@ -88,7 +88,7 @@ def test_rnd_on_mountaincar_logs_checkpoints_and_resumes_its_reward_model(launch
     _assert_model_state(_checkpoint(run_dir, last), last["train_iterations"])
 
     resumed = subprocess.run(
-        [sys.executable, "-m", "services.cli", "resume", str(run_dir), "--collectors", "1",
+        [sys.executable, "-m", "rlfleet", "resume", str(run_dir), "--collectors", "1",
          "--quiet"], cwd=REPO,
         capture_output=True, text=True, timeout=300, env=marked_env(up.marker))
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from shared.schemas import API
+from rlfleet.shared.contract.schemas import API
 
 from .helpers import REPO, wait_for
 
@@ -30,7 +30,7 @@ def _collectors(status: dict, state: str = "alive") -> list[dict]:
 
 
 def _scale(url: str, n: int) -> None:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "scale", "--collectors", str(n),
+    out = subprocess.run([sys.executable, "-m", "rlfleet", "scale", "--collectors", str(n),
                           "--coordinator", url], cwd=REPO, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, out.stderr

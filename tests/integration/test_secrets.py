@@ -80,7 +80,7 @@ def test_a_storage_password_is_used_and_never_shown(launch, tmp_path, locked_red
 
     # The run's config names the storage redacted: resuming needs the password again.
     resume = subprocess.run(
-        [sys.executable, "-m", "services.cli", "resume", str(run_dir), "--continue"],
+        [sys.executable, "-m", "rlfleet", "resume", str(run_dir), "--continue"],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert resume.returncode != 0
     assert "RLFLEET_STORAGE_PASSWORD_FILE" in resume.stderr and PASSWORD not in resume.stderr

@@ -15,8 +15,8 @@ import yaml
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
 
-from shared.codec import decode_arrays  # noqa: E402
-from shared.storage import DirectoryStorage, snapshot_blob  # noqa: E402
+from rlfleet.shared.contract.codec import decode_arrays  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob  # noqa: E402
 
 from .helpers import REPO  # noqa: E402
 

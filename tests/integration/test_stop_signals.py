@@ -17,7 +17,7 @@ def _roles_running(marker: str) -> set[str]:
     for pid in marked_pids(marker):
         cmdline = proc_cmdline(pid)
         for role in ("coordinator", "learner", "collector"):
-            if f"rlfleet {role}" in cmdline or f"services.cli {role}" in cmdline:
+            if f"rlfleet {role}" in cmdline or f"rlfleet.cli {role}" in cmdline:
                 roles.add(role)
     return roles
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from services.launcher import LocalCluster, RestartsExhausted
-from shared.schemas import API
+from rlfleet.launcher import LocalCluster, RestartsExhausted
+from rlfleet.shared.contract.schemas import API
 
 from .helpers import (
     MARKER_VAR,
@@ -249,7 +249,7 @@ def test_with_max_restarts_0_a_killed_collector_ends_the_run(launch, tmp_path):
 
 def test_the_coordinator_comes_back_on_its_port_with_resume_after_its_back_off(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.chdir(REPO)  # the children run `python -m services.cli` from here
+    monkeypatch.chdir(REPO)  # the children run `python -m rlfleet` from here
     run_dir = tmp_path / "run"
     cluster = LocalCluster(_config(tmp_path), run_dir, str(run_dir / "storage"),
                            max_restarts=1)

@@ -40,7 +40,7 @@ import pytest
 import yaml
 from integration.helpers import REPO, _merge, wait_for
 
-from shared.storage.redis_store import RedisStorage
+from rlfleet.shared.infra.storage.redis_store import RedisStorage
 
 from .hosts import COORDINATOR_PORT, REDIS_PORT, Cluster, Net, Watch, unavailable
 

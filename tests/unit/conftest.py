@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis_server import RedisServer
 
-from shared.storage import DirectoryStorage, RedisStorage, Storage
+from rlfleet.shared.infra.storage import DirectoryStorage, RedisStorage, Storage
 
 from .helpers import REDIS_URL, CoordinatorPool, CoordinatorProc, TaskSink
 

@@ -24,9 +24,9 @@ import requests
 import yaml
 from pydantic import ValidationError
 
-from shared.codec import encode_arrays
-from shared.schemas import TaskEnvelope
-from shared.storage import DirectoryStorage
+from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.contract.schemas import TaskEnvelope
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 REPO = Path(__file__).resolve().parents[2]
 CARTPOLE_DQN = REPO / "configs" / "cartpole-dqn.yaml"
@@ -240,7 +240,7 @@ class CoordinatorProc:
 
 
 class CoordinatorPool:
-    """Starts `python -m services.cli coordinator` subprocesses on free ports.
+    """Starts `python -m rlfleet coordinator` subprocesses on free ports.
 
     Booting one takes about a second (imports, gunicorn), nearly all of it on one core, so a
     test module can `prewarm` the coordinators its tests will ask for: they boot side by
@@ -326,7 +326,7 @@ class CoordinatorPool:
         log_path = self.tmp_dir / f"coordinator-{n}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "coordinator", "--config", str(cfg_path),
+                [sys.executable, "-m", "rlfleet", "coordinator", "--config", str(cfg_path),
                  "--port", str(port), "--run-dir", str(run_dir), "--storage", str(storage_dir),
                  "--threads", "8", *args],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)

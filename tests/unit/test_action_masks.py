@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from shared.algos.dqn import DQN, masked_q
-from shared.algos.ppo import PPO
-from shared.config import DQNConfig, PPOConfig
-from shared.envs import EnvSpec
+from rlfleet.shared.algos.dqn import DQN, masked_q
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.config import DQNConfig, PPOConfig
+from rlfleet.shared.envs.make import EnvSpec
 
 SPEC = EnvSpec(obs_shape=(3, 3, 2), n_actions=9)
 
@@ -98,7 +98,7 @@ def test_ppo_learns_from_masked_rollouts_without_nan():
 
 @pytest.mark.parametrize("policy", _policies(), ids=["dqn", "ppo"])
 def test_policies_play_real_games_by_the_rules(policy):
-    match = pytest.importorskip("shared.games.match")
+    match = pytest.importorskip("rlfleet.shared.envs.games.match")
     pytest.importorskip("pettingzoo")
     env = match.make_game("tictactoe_v3")
     rng = np.random.default_rng(4)

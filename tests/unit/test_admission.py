@@ -9,8 +9,8 @@ import sys
 import pytest
 import yaml
 
-from coordinator.admission import NotAdmitted, WorkerNetworks
-from shared.config import ConfigError, parse_config
+from rlfleet.coordinator.admission import NotAdmitted, WorkerNetworks
+from rlfleet.shared.contract.config import ConfigError, parse_config
 
 from .helpers import REPO, get, make_config, ok, post
 
@@ -55,7 +55,7 @@ def test_the_coordinator_command_takes_networks_from_its_environment(tmp_path):
     one stops the coordinator before it serves, naming the field."""
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(make_config()))
-    out = subprocess.run([sys.executable, "-m", "services.cli", "coordinator", "--config",
+    out = subprocess.run([sys.executable, "-m", "rlfleet", "coordinator", "--config",
                           str(config), "--port", "0", "--run-dir", str(tmp_path / "run")],
                          cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={"RLFLEET_WORKER_NETWORKS": "10.0.0.0/8,not-a-cidr",

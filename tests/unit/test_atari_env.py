@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("ale_py")
 
-from shared.config import ConfigError, EnvConfig, parse_config  # noqa: E402
-from shared.envs import env_spec, make_atari, make_vector_env  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError, EnvConfig, parse_config  # noqa: E402
+from rlfleet.shared.envs.make import env_spec, make_atari, make_vector_env  # noqa: E402
 
 
 def _cfg(**atari) -> EnvConfig:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from coordinator.app import create_app
-from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, load_token
-from shared.config import parse_config
-from shared.webapp import DEFAULT_MAX_BODY, max_body_bytes
+from rlfleet.coordinator.app import create_app
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, load_token
+from rlfleet.shared.infra.webapp import DEFAULT_MAX_BODY, max_body_bytes
 
 from .helpers import (
     HTTP,
@@ -106,7 +106,7 @@ def test_an_empty_or_unsendable_token_is_an_error(no_token_env, value):
 def test_the_cli_reports_a_bad_token_setting_as_a_usage_error(tmp_path: Path):
     env = {**os.environ, TOKEN_FILE_ENV: str(tmp_path / "missing")}
     env.pop(TOKEN_ENV, None)
-    out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--coordinator",
+    out = subprocess.run([sys.executable, "-m", "rlfleet", "status", "--coordinator",
                           f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
                          timeout=60, cwd=REPO, env=env)
     assert out.returncode == 2, out.stderr
@@ -291,7 +291,7 @@ def learner(guarded, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     log_path = tmp_path / "learner.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "learner", "--coordinator", guarded["c"].url,
+            [sys.executable, "-m", "rlfleet", "learner", "--coordinator", guarded["c"].url,
              "--port", str(port), "--worker-id", "learner-auth"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
 
-from collector.battle import BattleRollout, OpponentPool, battle_evaluate  # noqa: E402
-from shared.algos.base import make_policy  # noqa: E402
-from shared.codec import encode_weights  # noqa: E402
-from shared.config import parse_config  # noqa: E402
-from shared.envs import run_spec  # noqa: E402
-from shared.games.tictactoe import board_from_planes, perfect_move  # noqa: E402
-from shared.schemas import ChunkMeta, Opponent  # noqa: E402
-from shared.storage import DirectoryStorage, snapshot_blob  # noqa: E402
+from rlfleet.collector.battle import BattleRollout, OpponentPool, battle_evaluate  # noqa: E402
+from rlfleet.shared.algos.base import make_policy  # noqa: E402
+from rlfleet.shared.contract.codec import encode_weights  # noqa: E402
+from rlfleet.shared.contract.config import parse_config  # noqa: E402
+from rlfleet.shared.contract.schemas import ChunkMeta, Opponent  # noqa: E402
+from rlfleet.shared.envs.games.tictactoe import board_from_planes, perfect_move  # noqa: E402
+from rlfleet.shared.envs.make import run_spec  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob  # noqa: E402
 
 MAIN = Opponent(name="main", kind="main")
 RANDOM = Opponent(name="bot-random", kind="bot", bot="random")
@@ -206,7 +206,7 @@ def test_a_users_own_game_and_bot_by_import_path(tmp_path):
 
 
 def test_one_process_plays_learns_and_snapshots_like_the_cluster(tmp_path):
-    from services.single import run_single
+    from rlfleet.single import run_single
 
     cfg = parse_config({
         "env": {"id": "tictactoe_v3", "num_envs": 8}, "algo": {"name": "dqn"},
@@ -228,7 +228,7 @@ def test_rlfleet_battle_plays_the_kept_policy_from_each_seat(tmp_path):
 
     import yaml
 
-    from services.battle import battle_run
+    from rlfleet.battle import battle_run
 
     data = {"name": "ttt", "env": {"id": "tictactoe_v3", "num_envs": 2},
             "algo": {"name": "dqn"}, "league": {"bots": ["random", "perfect"]}}

@@ -8,12 +8,12 @@ from collections import deque
 
 import pytest
 
-from coordinator import evaluation, membership, tasks
-from coordinator.evaluation import EvaluationSchedule
-from coordinator.membership import Membership
-from coordinator.tasks import TaskTable
-from shared.config import parse_config
-from shared.schemas import (
+from rlfleet.coordinator import evaluation, membership, tasks
+from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.membership import Membership
+from rlfleet.coordinator.tasks import TaskTable
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import (
     EvaluateTask,
     EvaluationReport,
     EvaluationResult,
@@ -21,7 +21,7 @@ from shared.schemas import (
     TaskKind,
     TaskState,
 )
-from shared.storage import DirectoryStorage
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import make_config
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.buffers.base import ChunkInfo
-from coordinator.buffers.ring import UniformBuffer
+from rlfleet.coordinator.buffers.base import ChunkInfo
+from rlfleet.coordinator.buffers.ring import UniformBuffer
 
 
 def chunk(chunk_id: str, length: int, version: int = 0) -> ChunkInfo:

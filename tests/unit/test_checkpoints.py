@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoints import CheckpointStore
-from shared.algos.dqn import DQN
-from shared.algos.ppo import PPO
-from shared.config import DQNConfig, PPOConfig
-from shared.envs import EnvSpec
-from shared.storage import DirectoryStorage
+from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.config import DQNConfig, PPOConfig
+from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 SPEC = EnvSpec(obs_shape=(4,), n_actions=2)
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from shared.algos.dqn import DQN
-from shared.algos.nets import NatureCNN, as_obs_tensor
-from shared.algos.ppo import PPO
-from shared.config import DQNConfig, PPOConfig
-from shared.envs import EnvSpec
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.nets import NatureCNN, as_obs_tensor
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.config import DQNConfig, PPOConfig
+from rlfleet.shared.envs.make import EnvSpec
 
 PONG = EnvSpec(obs_shape=(4, 84, 84), n_actions=6)
 

@@ -1,4 +1,5 @@
-"""shared/codec.py: chunks and weights survive a round trip; foreign bytes raise CodecError."""
+"""shared/contract/codec.py: chunks and weights survive a round trip; foreign bytes raise
+CodecError."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared.codec import (
+from rlfleet.shared.contract.codec import (
     CodecError,
     decode_arrays,
     decode_weights,

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from shared.codec import (
+from rlfleet.shared.contract.codec import (
     CODEC_KEY,
     CodecError,
     decode_arrays,

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.adder import StorageAdder
-from coordinator.runlog import RunLog
-from shared.config import parse_config
-from shared.http import HttpClient
-from shared.schemas import ChunkMeta
-from shared.storage import DirectoryStorage
+from rlfleet.collector.adder import StorageAdder
+from rlfleet.coordinator.runlog import RunLog
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import (
     buffer_config,

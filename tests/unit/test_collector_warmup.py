@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.rollout import Rollout
-from collector.service import RandomPolicy, random_warmup_steps
-from shared.config import load_config
-from shared.envs import env_spec, make_vector_env
+from rlfleet.collector.rollout import Rollout
+from rlfleet.collector.service import RandomPolicy, random_warmup_steps
+from rlfleet.shared.contract.config import load_config
+from rlfleet.shared.envs.make import env_spec, make_vector_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_dqn_from_epsilon_1_may_act_at_random_until_its_buffer_can_be_sampled():
 @pytest.mark.parametrize("name, algo", [
     ("cartpole-ppo.yaml", {}),                                 # chunks need log-probs
     ("cartpole-dqn.yaml", {"eps_start": 0.5}),                 # greedy half the time
-    ("cartpole-dqn.yaml", {"policy": "shared.algos.dqn:DQN"}),  # a policy by import path
+    ("cartpole-dqn.yaml", {"policy": "rlfleet.shared.algos.dqn:DQN"}),  # a policy by import path
 ])
 def test_anything_else_waits_for_torch(name, algo):
     assert random_warmup_steps(config(name, **algo)) == 0
@@ -57,10 +57,10 @@ def test_warmup_chunks_hold_valid_actions_and_say_no_published_policy_acted():
 
 def test_acting_at_random_needs_no_torch():
     code = ("import sys\n"
-            "from collector.service import RandomPolicy, random_warmup_steps\n"
-            "from collector.rollout import Rollout\n"
-            "from shared.config import load_config\n"
-            "from shared.envs import env_spec, make_vector_env\n"
+            "from rlfleet.collector.service import RandomPolicy, random_warmup_steps\n"
+            "from rlfleet.collector.rollout import Rollout\n"
+            "from rlfleet.shared.contract.config import load_config\n"
+            "from rlfleet.shared.envs.make import env_spec, make_vector_env\n"
             "cfg = load_config('configs/cartpole-dqn.yaml')\n"
             "envs = make_vector_env(cfg.env, 2, 0)\n"
             "Rollout(envs, RandomPolicy(env_spec(cfg.env), 0), 16).collect(0)\n"
@@ -74,11 +74,11 @@ def test_a_collector_joining_mid_run_explores_from_the_runs_steps_not_at_random(
         coordinator, task_sink, tmp_path: Path):
     """The random warm-up belongs to the run's start: a collector (re)started after it is
     told the run's env steps when it registers, and acts with the real policy from there."""
-    from collector.adder import StorageAdder
-    from collector.service import CollectorService
-    from shared.http import HttpClient
-    from shared.schemas import CollectTask, TaskEnvelope
-    from shared.storage.directory import DirectoryStorage
+    from rlfleet.collector.adder import StorageAdder
+    from rlfleet.collector.service import CollectorService
+    from rlfleet.shared.contract.schemas import CollectTask, TaskEnvelope
+    from rlfleet.shared.infra.http import HttpClient
+    from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
     from .helpers import register, wait_for, wait_running
 

@@ -1,4 +1,4 @@
-"""shared/config.py: the shipped config loads, and every bad config names what is wrong."""
+"""shared/contract/config.py: the shipped config loads, and every bad config names what is wrong."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from shared.config import (
+from rlfleet.shared.contract.config import (
     ConfigError,
     CoordinatorConfig,
     MixPart,

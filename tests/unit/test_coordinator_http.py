@@ -1,6 +1,6 @@
 """The coordinator's HTTP contract, against the real service in its own process.
 
-Each test starts `python -m services.cli coordinator` (gunicorn, the real app) and talks to it
+Each test starts `python -m rlfleet coordinator` (gunicorn, the real app) and talks to it
 with `requests`; workers are real HTTP servers in this process that accept `POST /task` and
 record what they were sent.
 """
@@ -12,12 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from learner.batching import assemble
-from shared.codec import decode_arrays
-from shared.config import parse_config
-from shared.http import HttpClient, HttpError
-from shared.schemas import SampleResponse
-from shared.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
+from rlfleet.learner.batching import assemble
+from rlfleet.shared.contract.codec import decode_arrays
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import SampleResponse
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
 
 from .helpers import (
     HTTP,

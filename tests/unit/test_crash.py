@@ -1,4 +1,4 @@
-"""The crash record a dying role leaves for its supervisor (`shared/crash.py`)."""
+"""The crash record a dying role leaves for its supervisor (`shared/infra/crash.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.crash import CRASH_FILE_ENV, describe, read_crash, signature, write_crash
+from rlfleet.shared.infra.crash import CRASH_FILE_ENV, describe, read_crash, signature, write_crash
 
 
 def _raise(message: str) -> BaseException:

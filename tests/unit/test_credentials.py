@@ -9,9 +9,9 @@ import logging
 import pytest
 from redis_server import RedisServer
 
-from shared.crash import write_crash
-from shared.storage import StorageError, open_storage
-from shared.storage.credentials import (
+from rlfleet.shared.infra.crash import write_crash
+from rlfleet.shared.infra.storage import StorageError, open_storage
+from rlfleet.shared.infra.storage.credentials import (
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,
     CredentialError,

@@ -22,11 +22,11 @@ import threading
 import numpy as np
 import pytest
 
-from collector.adder import StorageAdder
-from collector.service import CollectorService
-from shared.http import HttpClient, HttpError
-from shared.schemas import API
-from shared.storage import DirectoryStorage
+from rlfleet.collector.adder import StorageAdder
+from rlfleet.collector.service import CollectorService
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import wait_for, wait_running
 

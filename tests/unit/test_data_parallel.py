@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from learner.group import DistReducer, GroupError, GroupMember
-from shared.algos.dqn import DQN
-from shared.algos.ppo import PPO
-from shared.config import DQNConfig, PPOConfig
-from shared.envs import EnvSpec
-from shared.schemas import GroupAssignment
+from rlfleet.learner.group import DistReducer, GroupError, GroupMember
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.config import DQNConfig, PPOConfig
+from rlfleet.shared.contract.schemas import GroupAssignment
+from rlfleet.shared.envs.make import EnvSpec
 
 from .helpers import wait_for
 

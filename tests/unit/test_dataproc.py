@@ -11,9 +11,9 @@ import uuid
 import numpy as np
 import pytest
 
-from learner.dataproc import SHM_DIR, DataProcess, DataProcessError
-from shared.codec import encode_arrays
-from shared.storage.directory import DirectoryStorage
+from rlfleet.learner.dataproc import SHM_DIR, DataProcess, DataProcessError
+from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
 from .helpers import buffer_config, collector_and_learner, ok, post, report, wait_for
 

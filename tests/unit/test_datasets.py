@@ -10,14 +10,14 @@ from torch import nn
 
 pytest.importorskip("minari", reason="the datasets extra: pip install -e '.[datasets]'")
 
-from collector.rollout import Rollout  # noqa: E402
-from collector.saver import EpisodeSaver, read_saved  # noqa: E402
-from coordinator.replay import Replay  # noqa: E402
-from learner.dataset_eval import score  # noqa: E402
-from shared.algos.bc import BehaviourCloning  # noqa: E402
-from shared.algos.cql import CQL  # noqa: E402
-from shared.algos.dqn import DQN  # noqa: E402
-from shared.config import (  # noqa: E402
+from rlfleet.collector.rollout import Rollout  # noqa: E402
+from rlfleet.collector.saver import EpisodeSaver, read_saved  # noqa: E402
+from rlfleet.coordinator.replay import Replay  # noqa: E402
+from rlfleet.learner.dataset_eval import score  # noqa: E402
+from rlfleet.shared.algos.bc import BehaviourCloning  # noqa: E402
+from rlfleet.shared.algos.cql import CQL  # noqa: E402
+from rlfleet.shared.algos.dqn import DQN  # noqa: E402
+from rlfleet.shared.contract.config import (  # noqa: E402
     BCConfig,
     ConfigError,
     CQLConfig,
@@ -25,7 +25,8 @@ from shared.config import (  # noqa: E402
     EnvConfig,
     parse_config,
 )
-from shared.datasets import (  # noqa: E402
+from rlfleet.shared.contract.schemas import ChunkMeta  # noqa: E402
+from rlfleet.shared.data.datasets import (  # noqa: E402
     DatasetError,
     check_datasets,
     discounted_returns,
@@ -34,9 +35,8 @@ from shared.datasets import (  # noqa: E402
     transitions,
     write_minari,
 )
-from shared.envs import EnvSpec, env_spec, make_vector_env  # noqa: E402
-from shared.schemas import ChunkMeta  # noqa: E402
-from shared.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.envs.make import EnvSpec, env_spec, make_vector_env  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
 
 CARTPOLE = EnvSpec((4,), n_actions=2)
 

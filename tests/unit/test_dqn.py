@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import DEFAULT_FIELDS, Batch, assemble
-from learner.feedback import PriorityFeedback
-from shared.algos.dqn import DQN
-from shared.codec import decode_arrays, encode_arrays
-from shared.config import DQNConfig
-from shared.envs import EnvSpec
-from shared.schemas import SamplePart
+from rlfleet.learner.batching import DEFAULT_FIELDS, Batch, assemble
+from rlfleet.learner.feedback import PriorityFeedback
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.config import DQNConfig
+from rlfleet.shared.contract.schemas import SamplePart
+from rlfleet.shared.envs.make import EnvSpec
 
 SPEC = EnvSpec(obs_shape=(2,), n_actions=3)
 

@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("envpool")
 
-from shared.algos.base import check_run_config  # noqa: E402
-from shared.config import ConfigError, EnvConfig, parse_config  # noqa: E402
-from shared.envs import env_spec, make_vector_env  # noqa: E402
-from shared.frames import pack, unpack  # noqa: E402
+from rlfleet.shared.algos.base import check_run_config  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError, EnvConfig, parse_config  # noqa: E402
+from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
+from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
 
 from .test_frames import RandomPolicy  # noqa: E402
 
@@ -46,7 +46,7 @@ def test_episode_ends_reset_in_the_same_step_with_the_final_stack_reported():
 
 
 def test_rollouts_on_envpool_pack_and_rebuild_exactly():
-    from collector.rollout import Rollout
+    from rlfleet.collector.rollout import Rollout
 
     envs = make_vector_env(_pong(), 3, seed=1)
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.buffers.base import ChunkInfo, SampleError
-from coordinator.buffers.episode import EpisodeBuffer
-from shared.codec import decode_arrays, encode_arrays
+from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
+from rlfleet.coordinator.buffers.episode import EpisodeBuffer
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 
 
 def chunk(chunk_id: str, length: int, segments: tuple = (), version: int = 0) -> ChunkInfo:

@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from coordinator.episodes import EpisodeTable
-from shared.rundata import EPISODES_NAME, load_run
-from shared.schemas import ChunkMeta, EvaluationReport
+from rlfleet.coordinator.episodes import EpisodeTable
+from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.telemetry.rundata import EPISODES_NAME, load_run
 
 
 def _chunk(n: int, returns: list[float], envs: list[int], comps=None) -> ChunkMeta:

@@ -17,15 +17,20 @@ import pytest
 import requests
 from pydantic import ValidationError
 
-from collector.rollout import evaluate
-from collector.service import CollectorService
-from collector.weights import StorageWeightSource
-from shared.algos.base import make_policy
-from shared.config import EnvConfig, parse_config
-from shared.envs import make_vector_env, run_spec
-from shared.rundata import EPISODES_NAME
-from shared.schemas import EvalEpisodes, EvaluateTask, EvaluationReport, EvaluationResult
-from shared.storage import DirectoryStorage
+from rlfleet.collector.rollout import evaluate
+from rlfleet.collector.service import CollectorService
+from rlfleet.collector.weights import StorageWeightSource
+from rlfleet.shared.algos.base import make_policy
+from rlfleet.shared.contract.config import EnvConfig, parse_config
+from rlfleet.shared.contract.schemas import (
+    EvalEpisodes,
+    EvaluateTask,
+    EvaluationReport,
+    EvaluationResult,
+)
+from rlfleet.shared.envs.make import make_vector_env, run_spec
+from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 
 from .helpers import HTTP, TIMEOUT, ok, post, register, wait_for, wait_running
 

@@ -17,8 +17,8 @@ DRIVER = r'''
 import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
 
-from services.cli import free_port
-from services.forking import can_fork, fork_role, preload
+from rlfleet.cli import free_port
+from rlfleet.forking import can_fork, fork_role, preload
 
 atexit.register(lambda: print("launcher atexit ran in", os.getpid(), flush=True))
 tmp = Path(sys.argv[1])

@@ -8,11 +8,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from collector.rollout import Rollout
-from learner.arena import ChunkArena
-from learner.batching import assemble_from
-from learner.sampling import batch_fields
-from shared.frames import FRAMES, INDEX, field_layout, pack, packable, take, unpack
+from rlfleet.collector.rollout import Rollout
+from rlfleet.learner.arena import ChunkArena
+from rlfleet.learner.batching import assemble_from
+from rlfleet.learner.sampling import batch_fields
+from rlfleet.shared.contract.frames import FRAMES, INDEX, field_layout, pack, packable, take, unpack
 
 
 class RandomPolicy:
@@ -192,8 +192,8 @@ def test_one_process_keeps_frames_once_and_learns_from_them():
     the learner run 64k samples ahead): a Nature CNN update of 32 stacks costs about 0.2 s
     on one CPU thread, and the point here is the data path, not the network."""
     pytest.importorskip("ale_py")
-    from services.single import run_single
-    from shared.config import parse_config
+    from rlfleet.shared.contract.config import parse_config
+    from rlfleet.single import run_single
 
     cfg = parse_config({
         "env": {"id": "ALE/Pong-v5", "num_envs": 4, "atari": {"max_episode_frames": 800}},

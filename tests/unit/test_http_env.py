@@ -14,7 +14,7 @@ import pytest
 from flask import Flask, request
 from werkzeug.serving import make_server
 
-from shared.http import HttpClient, HttpError
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 from .helpers import closed_port
 

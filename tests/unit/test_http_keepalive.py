@@ -14,7 +14,7 @@ import pytest
 from cheroot.wsgi import Server
 from flask import Flask, request
 
-from shared.http import HttpClient, HttpError
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 from .helpers import free_port
 

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
 
-from shared.algos.base import check_run_config  # noqa: E402
-from shared.config import ConfigError, parse_config  # noqa: E402
+from rlfleet.shared.algos.base import check_run_config  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError, parse_config  # noqa: E402
 
 
 def _config(env_id: str = "tictactoe_v3", **league) -> dict:

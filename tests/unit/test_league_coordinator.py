@@ -13,8 +13,8 @@ pytest.importorskip("openskill", reason="the games extra: pip install -e '.[game
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from shared.codec import encode_weights  # noqa: E402
-from shared.storage import DirectoryStorage, snapshot_blob  # noqa: E402
+from rlfleet.shared.contract.codec import encode_weights  # noqa: E402
+from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob  # noqa: E402
 
 from .helpers import (  # noqa: E402
     CoordinatorPool,

@@ -10,10 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.learner_group import LearnerGroup, StaleGeneration, deal_rollout, shard_parts
-from coordinator.replay import PartPlan, Replay
-from shared.config import parse_config
-from shared.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
+from rlfleet.coordinator.learner_group import (
+    LearnerGroup,
+    StaleGeneration,
+    deal_rollout,
+    shard_parts,
+)
+from rlfleet.coordinator.replay import PartPlan, Replay
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
 
 from .helpers import buffer_config, make_config
 

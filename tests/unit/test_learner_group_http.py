@@ -149,7 +149,7 @@ def test_the_group_shows_in_metrics_and_in_rlfleet_status(coordinator, task_sink
     assert "rlfleet_learner_group_world_size 2.0" in text
     assert 'rlfleet_learner_group_reformations_total{reason="joined"} 2.0' in text
     assert 'rlfleet_learner_allreduce_ms{rank="1",worker_id="lb"} 0.5' in text
-    out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--coordinator",
+    out = subprocess.run([sys.executable, "-m", "rlfleet", "status", "--coordinator",
                           c.url], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from learner.publisher import PublishConflict, Publisher
-from learner.reporter import Reporter
-from shared.codec import decode_weights, encode_weights
-from shared.http import HttpClient
-from shared.schemas import LearnInfo, PriorityUpdate
-from shared.storage import open_storage
-from shared.storage.directory import DirectoryStorage
+from rlfleet.learner.publisher import PublishConflict, Publisher
+from rlfleet.learner.reporter import Reporter
+from rlfleet.shared.contract.codec import decode_weights, encode_weights
+from rlfleet.shared.contract.schemas import LearnInfo, PriorityUpdate
+from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.infra.storage import open_storage
+from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
 from .helpers import closed_port, collector_and_learner, ok, post, wait_for
 from .test_storage_outage import store_on

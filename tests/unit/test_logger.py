@@ -15,8 +15,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from shared.config import LoggingConfig, ScopeConfig, WandbConfig
-from shared.logger import RunLogger
+from rlfleet.shared.contract.config import LoggingConfig, ScopeConfig, WandbConfig
+from rlfleet.shared.telemetry.logger import RunLogger
 
 from .helpers import wait_for
 

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
 
-from shared.games.match import GameError, make_game, play, random_actor  # noqa: E402
-from shared.games.tictactoe import board_from_planes, perfect_move  # noqa: E402
+from rlfleet.shared.envs.games.match import GameError, make_game, play, random_actor  # noqa: E402
+from rlfleet.shared.envs.games.tictactoe import board_from_planes, perfect_move  # noqa: E402
 
 
 @pytest.mark.parametrize("env_id", ["tictactoe_v3", "connect_four_v3"])

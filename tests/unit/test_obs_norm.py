@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from collector.rollout import Rollout, evaluate
-from shared.algos.ppo import PPO
-from shared.config import ConfigError, EnvConfig, PPOConfig, parse_config
-from shared.envs import env_spec
-from shared.moments import RunningMoments
+from rlfleet.collector.rollout import Rollout, evaluate
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.config import ConfigError, EnvConfig, PPOConfig, parse_config
+from rlfleet.shared.envs.make import env_spec
+from rlfleet.shared.util.moments import RunningMoments
 
 
 def test_merged_moments_equal_one_pass_over_all_the_data():
@@ -100,8 +100,8 @@ def test_obs_norm_is_refused_for_a_learner_group():
 def test_one_process_merges_the_counts_and_solves_invertedpendulum():
     """`rlfleet single` merges each chunk's counts as the learner service does."""
     pytest.importorskip("mujoco")
-    from services.single import run_single
-    from shared.config import load_config
+    from rlfleet.shared.contract.config import load_config
+    from rlfleet.single import run_single
 
     from .helpers import REPO
 

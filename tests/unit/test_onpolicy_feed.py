@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.rollouts import RolloutFeeder, is_stale
-from shared.codec import decode_arrays
-from shared.http import HttpClient
-from shared.schemas import API, LearnInfo, LearnInfoResponse
-from shared.storage import DirectoryStorage
+from rlfleet.learner.rollouts import RolloutFeeder, is_stale
+from rlfleet.shared.contract.codec import decode_arrays
+from rlfleet.shared.contract.schemas import API, LearnInfo, LearnInfoResponse
+from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import (
     buffer_config,

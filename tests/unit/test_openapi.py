@@ -29,10 +29,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from coordinator.app import create_app
-from shared.auth import TOKEN_ENV, TOKEN_FILE_ENV
-from shared.config import parse_config
-from shared.schemas import API
+from rlfleet.coordinator.app import create_app
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV
 
 from .helpers import TIMEOUT, CoordinatorProc, make_config, wait_for
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from services.plot import plot_run
-from shared.config import SCOPES, LoggingConfig, ScopeConfig
-from shared.logger import RunLogger
-from shared.rundata import load_run
+from rlfleet.plot import plot_run
+from rlfleet.shared.contract.config import SCOPES, LoggingConfig, ScopeConfig
+from rlfleet.shared.telemetry.logger import RunLogger
+from rlfleet.shared.telemetry.rundata import load_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.plot import plot_runs
+from rlfleet.plot import plot_runs
 
 from .test_plot import assert_png, synthetic_run
 
@@ -37,12 +37,12 @@ def test_runs_of_two_configs_are_drawn_on_shared_axes(tmp_path):
 def test_the_cli_compares_several_runs_and_asks_for_an_out_path(tmp_path):
     dirs = [str(_run(tmp_path, "plain", 0)), str(_run(tmp_path, "bonus", 0, evals=False))]
     out = tmp_path / "cli.png"
-    done = subprocess.run([sys.executable, "-m", "services.cli", "plot", *dirs, "--out",
+    done = subprocess.run([sys.executable, "-m", "rlfleet", "plot", *dirs, "--out",
                            str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "plain-s0, bonus-s0" in done.stdout
     assert_png(out)
-    missing = subprocess.run([sys.executable, "-m", "services.cli", "plot", *dirs],
+    missing = subprocess.run([sys.executable, "-m", "rlfleet", "plot", *dirs],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
     assert missing.returncode == 2 and "--out" in missing.stderr
 
@@ -57,7 +57,7 @@ def test_runs_with_nothing_to_compare_are_an_error(tmp_path):
 
 
 def test_one_configs_seeds_share_a_colour_and_another_config_does_not(tmp_path):
-    from services.plot import _config_group
+    from rlfleet.plot import _config_group
 
     plain0, plain1, bonus0 = (_run(tmp_path, "plain", 0), _run(tmp_path, "plain", 1),
                               _run(tmp_path, "bonus", 0))

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from collector.rollout import Rollout
-from shared.algos.base import Policy, make_policy
-from shared.algos.ppo import PPO, gae
-from shared.config import EnvConfig, PPOConfig
-from shared.envs import EnvSpec, env_spec, make_vector_env
+from rlfleet.collector.rollout import Rollout
+from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.ppo import PPO, gae
+from rlfleet.shared.contract.config import EnvConfig, PPOConfig
+from rlfleet.shared.envs.make import EnvSpec, env_spec, make_vector_env
 
 CARTPOLE = env_spec(EnvConfig(id="CartPole-v1"))
 PENDULUM = env_spec(EnvConfig(id="Pendulum-v1"))

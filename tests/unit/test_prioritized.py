@@ -22,9 +22,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from coordinator.buffers.base import ChunkInfo, SampleError
-from coordinator.buffers.ratelimit import RateLimiter
-from coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
+from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
+from rlfleet.coordinator.buffers.ratelimit import RateLimiter
+from rlfleet.coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
 
 CHI2_999 = {9: 27.877, 19: 43.820, 49: 85.351}  # chi2.ppf(0.999, df)
 

@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from coordinator.buffers.base import ChunkInfo, SampleError
-from coordinator.buffers.queue import QueueBuffer
-from shared.codec import decode_arrays, encode_arrays
+from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
+from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 
 
 def chunk(chunk_id: str, length: int = 10, version: int = 0) -> ChunkInfo:

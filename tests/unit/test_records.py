@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.records import RecordFeed
-from coordinator.runlog import RunLog
-from shared.config import SCOPES, parse_config
-from shared.rundata import JSONL_NAME
-from shared.schemas import RecordsQuery
+from rlfleet.coordinator.records import RecordFeed
+from rlfleet.coordinator.runlog import RunLog
+from rlfleet.shared.contract.config import SCOPES, parse_config
+from rlfleet.shared.contract.schemas import RecordsQuery
+from rlfleet.shared.telemetry.rundata import JSONL_NAME
 
 from .helpers import (
     HTTP,

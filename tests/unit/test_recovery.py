@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import redis
 
-from collector.adder import StorageAdder
-from shared.http import HttpClient
-from shared.storage import DirectoryStorage
+from rlfleet.collector.adder import StorageAdder
+from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import (
     REDIS_URL,

@@ -2,7 +2,7 @@
 
 The first half calls `Replay` directly: how a learner's mix splits a batch, how chunks shared
 by buffers are released, that feedback is checked before anything changes, and a snapshot
-round trip. The second half runs real coordinator processes (`python -m services.cli
+round trip. The second half runs real coordinator processes (`python -m rlfleet
 coordinator`) and talks to them over HTTP as collectors and learners do, with chunks in a
 real storage directory.
 """
@@ -18,11 +18,17 @@ import numpy as np
 import pytest
 import requests
 
-from coordinator.replay import Replay, UnknownBuffer
-from shared.config import parse_config
-from shared.schemas import ChunkMeta, Consumed, MixShare, PriorityUpdate, SampleRequest
-from shared.storage import DirectoryStorage
-from shared.webapp import BadRequest
+from rlfleet.coordinator.replay import Replay, UnknownBuffer
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.contract.schemas import (
+    ChunkMeta,
+    Consumed,
+    MixShare,
+    PriorityUpdate,
+    SampleRequest,
+)
+from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.infra.webapp import BadRequest
 
 from .helpers import (
     HTTP,

@@ -12,20 +12,26 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoints import CheckpointStore
-from services.launcher import check_config
-from services.single import run_single
-from shared.algos.base import check_run_config
-from shared.algos.dqn import DQN
-from shared.algos.ppo import PPO
-from shared.algos.reward_model import WithRewardModel, with_reward_model
-from shared.algos.rnd import RND
-from shared.config import ConfigError, DQNConfig, PPOConfig, load_config, parse_config
-from shared.envs import EnvSpec
-from shared.storage import DirectoryStorage
+from rlfleet.launcher import check_config
+from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.shared.algos.base import check_run_config
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.algos.reward_model import WithRewardModel, with_reward_model
+from rlfleet.shared.algos.rnd import RND
+from rlfleet.shared.contract.config import (
+    ConfigError,
+    DQNConfig,
+    PPOConfig,
+    load_config,
+    parse_config,
+)
+from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.single import run_single
 
 MOUNTAINCAR = EnvSpec(obs_shape=(2,), n_actions=3)
-RND_PATH = "shared.algos.rnd:RND"
+RND_PATH = "rlfleet.shared.algos.rnd:RND"
 
 
 def _states(n: int, low: tuple[float, float], high: tuple[float, float],
@@ -285,18 +291,19 @@ def test_the_config_takes_a_mapping_or_a_bare_path(tmp_path):
     assert bare.algo.reward_model.path == RND_PATH and bare.algo.reward_model.kwargs == {}
     assert parse_config(_config(tmp_path, None)).algo.reward_model is None
     with pytest.raises(ConfigError, match=r"field 'algo\.reward_model\.path'"):
-        parse_config(_config(tmp_path, "shared.algos.rnd.RND"))
+        parse_config(_config(tmp_path, "rlfleet.shared.algos.rnd.RND"))
     with pytest.raises(ConfigError, match=r"field 'algo\.reward_model\.scale'"):
         parse_config(_config(tmp_path, {"path": RND_PATH, "scale": 1.0}))
 
 
 @pytest.mark.parametrize("path, says", [
-    ("shared.algos.rnd:Nope", r"algo\.reward_model='shared\.algos\.rnd:Nope': module "
-                              r"'shared\.algos\.rnd' has no attribute 'Nope'"),
+    ("rlfleet.shared.algos.rnd:Nope", r"algo\.reward_model='rlfleet\.shared\.algos\.rnd:Nope': "
+                                      r"module 'rlfleet\.shared\.algos\.rnd' has no attribute "
+                                      r"'Nope'"),
     ("no_such_pkg.rnd:RND", r"algo\.reward_model='no_such_pkg\.rnd:RND': cannot import "
                             r"module 'no_such_pkg\.rnd'"),
-    ("shared.algos.rnd:np", r"algo\.reward_model='shared\.algos\.rnd:np' is not a reward "
-                            r"model class"),
+    ("rlfleet.shared.algos.rnd:np", r"algo\.reward_model='rlfleet\.shared\.algos\.rnd:np' is "
+                                    r"not a reward model class"),
 ])
 def test_a_bad_import_path_is_a_config_error_naming_the_field(tmp_path, path, says):
     cfg = parse_config(_config(tmp_path, path))
@@ -319,8 +326,9 @@ def test_rlfleet_up_refuses_a_bad_path_at_launch(tmp_path):
     import yaml
 
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(_config(tmp_path, "shared.algos.rnd:RNDD")))
-    with pytest.raises(ConfigError, match=r"algo\.reward_model='shared\.algos\.rnd:RNDD'"):
+    path.write_text(yaml.safe_dump(_config(tmp_path, "rlfleet.shared.algos.rnd:RNDD")))
+    with pytest.raises(ConfigError,
+                       match=r"algo\.reward_model='rlfleet\.shared\.algos\.rnd:RNDD'"):
         check_config(load_config(path), path)
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(_config(tmp_path, RND_PATH)))

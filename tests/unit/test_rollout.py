@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.rollout import Rollout, episode_segments, evaluate
-from shared.algos.base import ActOutput
-from shared.config import EnvConfig
-from shared.envs import make_vector_env
-from shared.schemas import ChunkMeta
+from rlfleet.collector.rollout import Rollout, episode_segments, evaluate
+from rlfleet.shared.algos.base import ActOutput
+from rlfleet.shared.contract.config import EnvConfig
+from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.envs.make import make_vector_env
 
 USERLAND = Path(__file__).resolve().parents[1] / "userland"
 

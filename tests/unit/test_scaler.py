@@ -3,7 +3,7 @@ engine, in tests/compose)."""
 
 from __future__ import annotations
 
-from services.scaler import InsertRateRule
+from rlfleet.scaler import InsertRateRule
 
 
 def test_the_rule_adds_one_collector_per_window_while_the_run_is_slow():

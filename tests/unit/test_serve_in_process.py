@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import requests
 
-from services.http_errors import MAX_HEADER_BYTES
-from services.serve import InProcessServer
-from shared.config import ConfigError
-from shared.schemas import Role, TaskAccepted, TaskEnvelope
-from shared.worker import WorkerService, create_worker_app
+from rlfleet.http_errors import MAX_HEADER_BYTES
+from rlfleet.serve import InProcessServer
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.schemas import Role, TaskAccepted, TaskEnvelope
+from rlfleet.shared.worker import WorkerService, create_worker_app
 
 from .helpers import closed_port, descendants, free_port, wait_for
 
@@ -251,7 +251,7 @@ def test_rlfleet_collector_is_one_process_that_sigterm_ends_with_0(module_coordi
            if k not in ("RLFLEET_TOKEN", "RLFLEET_TOKEN_FILE", "RLFLEET_COORDINATOR")}
     with open(tmp_path / "collector.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "collector", "--coordinator",
+            [sys.executable, "-m", "rlfleet", "collector", "--coordinator",
              module_coordinator.url, "--port", str(port), "--worker-id", "one-process"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

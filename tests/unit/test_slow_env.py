@@ -8,8 +8,8 @@ import time
 import numpy as np
 
 from bench.slow_env import SlowCartPole
-from shared.config import EnvConfig
-from shared.envs import make_vector_env
+from rlfleet.shared.contract.config import EnvConfig
+from rlfleet.shared.envs.make import make_vector_env
 
 
 def test_step_takes_at_least_step_s() -> None:

@@ -10,7 +10,7 @@ from .helpers import collector_and_learner, free_port, report, write_chunk
 
 
 def run_status(url: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "status", "--coordinator", url],
+    return subprocess.run([sys.executable, "-m", "rlfleet", "status", "--coordinator", url],
                           capture_output=True, text=True, timeout=60,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
 

@@ -9,8 +9,8 @@ import uuid
 import numpy as np
 import pytest
 
-from shared.codec import decode_arrays, encode_arrays
-from shared.storage import (
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.infra.storage import (
     ChunkNotFound,
     DirectoryStorage,
     RedisStorage,

@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 from redis_server import RedisServer
 
-from collector.adder import StorageAdder
-from collector.service import CollectorService
-from collector.weights import StorageWeightSource
-from shared.algos.base import make_policy
-from shared.codec import decode_arrays, encode_weights
-from shared.config import parse_config
-from shared.envs import env_spec
-from shared.http import HttpClient
-from shared.storage import RedisStorage, StorageError
-from shared.storage.directory import DirectoryStorage
+from rlfleet.collector.adder import StorageAdder
+from rlfleet.collector.service import CollectorService
+from rlfleet.collector.weights import StorageWeightSource
+from rlfleet.shared.algos.base import make_policy
+from rlfleet.shared.contract.codec import decode_arrays, encode_weights
+from rlfleet.shared.contract.config import parse_config
+from rlfleet.shared.envs.make import env_spec
+from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.infra.storage import RedisStorage, StorageError
+from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
 from .helpers import closed_port, make_config, register, wait_for, wait_running
 
@@ -125,7 +125,7 @@ def test_journal_records_survive_a_redis_crash(redis_server: RedisServer):
 
 
 def test_open_storage_reads_the_retry_window_from_the_environment(monkeypatch):
-    from shared.storage import open_storage
+    from rlfleet.shared.infra.storage import open_storage
 
     monkeypatch.setenv("RLFLEET_STORAGE_RETRY_S", "0.25")
     store = open_storage(f"redis://127.0.0.1:{closed_port()}/0", "env")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.buffers.sumtree import MinTree, SumTree
+from rlfleet.coordinator.buffers.sumtree import MinTree, SumTree
 
 
 def leaves(tree: SumTree | MinTree) -> np.ndarray:

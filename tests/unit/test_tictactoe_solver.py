@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.games.tictactoe import (
+from rlfleet.shared.envs.games.tictactoe import (
     Board,
     board_from_planes,
     perfect_move,

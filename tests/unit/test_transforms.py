@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import assemble, assemble_from
-from learner.dataproc import DataProcess
-from learner.transforms import BatchTransforms
-from shared.algos.dqn import DQN
-from shared.config import DQNConfig, EnvConfig, parse_config
-from shared.envs import EnvSpec, env_spec
-from shared.frames import pack, unpack
+from rlfleet.learner.batching import assemble, assemble_from
+from rlfleet.learner.dataproc import DataProcess
+from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.contract.config import DQNConfig, EnvConfig, parse_config
+from rlfleet.shared.contract.frames import pack, unpack
+from rlfleet.shared.envs.make import EnvSpec, env_spec
 
 from .helpers import collector_and_learner, make_config, ok, report, wait_for
 
@@ -185,8 +185,8 @@ def test_dqn_bootstraps_with_the_batch_discount():
 
 
 def test_cql_inherits_the_n_step_target():
-    from shared.algos.cql import CQL
-    from shared.config import CQLConfig
+    from rlfleet.shared.algos.cql import CQL
+    from rlfleet.shared.contract.config import CQLConfig
 
     spec = EnvSpec(obs_shape=(2,), n_actions=3)
     t = BatchTransforms(n_step=3, gamma=0.5)
@@ -204,7 +204,7 @@ def test_cql_inherits_the_n_step_target():
 
 
 def test_the_config_fields_and_their_errors():
-    from shared.config import ConfigError
+    from rlfleet.shared.contract.config import ConfigError
 
     cfg = parse_config(make_config(algo={"n_step": 3, "her": {"strategy": "final", "k": 2}}))
     assert cfg.algo.n_step == 3 and (cfg.algo.her.strategy, cfg.algo.her.k) == ("final", 2)
@@ -249,7 +249,7 @@ def _bitflip_chunk(episodes: int = 6, seed: int = 0):
     """Whole bit-flipping episodes of random actions, as an episodes-mode chunk."""
     import gymnasium as gym
 
-    from shared.goals import FlattenGoalObs
+    from rlfleet.shared.envs.goals import FlattenGoalObs
 
     env = FlattenGoalObs(gym.make("rlfleet/BitFlip-v0", n_bits=BITS))
     rng = np.random.default_rng(seed)
@@ -359,8 +359,8 @@ def test_her_needs_a_goal_env():
 def test_the_data_process_hands_over_n_step_batches(coordinator, task_sink):
     """Chunks whose rows say who they are: every batch row's return, discount and next_obs
     are the hand computation's for that row."""
-    from shared.codec import encode_arrays
-    from shared.storage.directory import DirectoryStorage
+    from rlfleet.shared.contract.codec import encode_arrays
+    from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
     c = coordinator()
     col, collect, lrn, _ = collector_and_learner(c, task_sink)
@@ -389,8 +389,8 @@ def test_the_data_process_hands_over_n_step_batches(coordinator, task_sink):
 def test_her_on_an_env_without_goals_is_refused_at_launch_naming_the_field():
     """`rlfleet up` checks without building the policy (no torch): the env's spec says it
     has no goals, so the run never starts its workers."""
-    from shared.algos.base import check_run_config
-    from shared.config import ConfigError
+    from rlfleet.shared.algos.base import check_run_config
+    from rlfleet.shared.contract.config import ConfigError
 
     cfg = parse_config(make_config(algo={"her": {"strategy": "future", "k": 4}}))
     with pytest.raises(ConfigError, match=r"algo.her: .*goal-conditioned"):

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save as torch_save
 
-from learner.publisher import PublishConflict, Publisher
-from learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
-from shared.codec import decode_weights, encode_weights
-from shared.storage import StorageError, VersionConflict, open_storage
+from rlfleet.learner.publisher import PublishConflict, Publisher
+from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
+from rlfleet.shared.contract.codec import decode_weights, encode_weights
+from rlfleet.shared.infra.storage import StorageError, VersionConflict, open_storage
 
 from .helpers import wait_for
 from .test_dataproc import _data_process, _fed, _own_files

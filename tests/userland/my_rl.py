@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.algos.dqn import DQN
-from shared.algos.nets import mlp
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.nets import mlp
 
 
 class LineWalk(gym.Env):
@@ -129,8 +129,8 @@ class SlowCartPole(gym.Wrapper):
 
 class CrashingCartPole(gym.Wrapper):
     """CartPole whose `step()` raises after `after_steps` steps of this instance (0: at
-    once). `in_eval_only`: only while an evaluation steps it (`collector.rollout.evaluate` is
-    on the stack), so collection goes on and the evaluation crashes."""
+    once). `in_eval_only`: only while an evaluation steps it (the collector's
+    `evaluate` is on the stack), so collection goes on and the evaluation crashes."""
 
     def __init__(self, after_steps: int = 0, message: str = "the simulator lost its licence",
                  in_eval_only: bool = False) -> None:

@@ -1,0 +1,1 @@
+"""Offline data: Minari datasets read and written as the replay's chunks."""

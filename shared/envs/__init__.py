@@ -1,0 +1,1 @@
+"""Environments: gymnasium construction, EnvPool, goal envs, two-player games."""

@@ -1,0 +1,78 @@
+"""Goal-conditioned envs (gymnasium-robotics' `GoalEnv` style): how their observations are
+carried, and how their success is measured.
+
+Their observations are dicts, `observation`, `achieved_goal` and `desired_goal`. Chunks,
+codecs, networks and datasets all handle one array per row, so the env wrapper flattens the
+dict into one float32 vector in that fixed key order (`FlattenGoalObs`) and the env's spec
+records where each part lies (`GoalLayout`). The learner reads the layout to relabel goals
+(hindsight experience replay), and calls the env's own `compute_reward` on the flattened
+parts.
+
+Success is what such envs report in `info["is_success"]` on an episode's last step
+(`episode_success`); evaluations count it beside the returns (`rlfleet.collector.rollout.evaluate`,
+`rlfleet play`), and an env that reports none has a success rate of None, not 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+
+
+@dataclass(frozen=True)
+class GoalLayout:
+    """[start, stop) of each part of a flattened goal observation."""
+
+    observation: tuple[int, int]
+    achieved_goal: tuple[int, int]
+    desired_goal: tuple[int, int]
+
+    def part(self, name: str) -> slice:
+        start, stop = getattr(self, name)
+        return slice(start, stop)
+
+
+def is_goal_space(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Dict) and set(GOAL_KEYS) <= set(space.spaces)
+
+
+class FlattenGoalObs(gym.ObservationWrapper):
+    """A goal dict observation as one float32 vector: observation, achieved_goal,
+    desired_goal, each flattened (other keys of the dict are dropped)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        spaces = env.observation_space
+        if not is_goal_space(spaces):
+            raise ValueError(f"not a goal observation space: {spaces}")
+        self._parts = [spaces[k] for k in GOAL_KEYS]
+        flat = [gym.spaces.flatten_space(s) for s in self._parts]
+        bounds, start = [], 0
+        for box in flat:
+            bounds.append((start, start + int(box.shape[0])))
+            start += int(box.shape[0])
+        self.goal_layout = GoalLayout(*bounds)
+        self.observation_space = gym.spaces.Box(
+            np.concatenate([b.low for b in flat]).astype(np.float32),
+            np.concatenate([b.high for b in flat]).astype(np.float32), dtype=np.float32)
+
+    def observation(self, observation: dict) -> np.ndarray:
+        return np.concatenate([gym.spaces.flatten(s, observation[k]).astype(np.float32)
+                               for s, k in zip(self._parts, GOAL_KEYS, strict=True)])
+
+
+def episode_success(info: dict, i: int) -> bool | None:
+    """Whether env i's episode, which ended at this vector step, ended in success: its final
+    step's `info["is_success"]`. Same-step autoreset keeps the final step's info under
+    `final_info` (the top level then holds the next episode's reset info, which must not
+    count). None when the env reports no success: "not measured" must not read as "failed"."""
+    final, has_final = info.get("final_info"), info.get("_final_info")
+    source = final if final and (has_final is None or has_final[i]) else info
+    if "is_success" not in source:
+        return None
+    present = source.get("_is_success")
+    return bool(source["is_success"][i]) if present is None or present[i] else None

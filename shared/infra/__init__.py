@@ -1,0 +1,1 @@
+"""Infrastructure: HTTP clients and apps, authentication, storage backends, crash reports."""

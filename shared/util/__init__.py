@@ -1,0 +1,1 @@
+"""Small helpers with no project imports: import paths, running moments."""
