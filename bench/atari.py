@@ -64,11 +64,11 @@ from bench.throughput import (  # noqa: E402
 )
 from rlfleet.launcher import LocalCluster  # noqa: E402
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays  # noqa: E402
-from rlfleet.shared.contract.config import RunConfig, parse_config  # noqa: E402
 from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient  # noqa: E402
 from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.run.config import RunConfig, parse_config
 
 CONFIG = REPO_ROOT / "configs" / "pong-dqn.yaml"
 GOALS = {"collector_ratio": 0.8, "bytes_per_step": 7500, "learner_utilisation": 0.9}

@@ -73,7 +73,7 @@ def free_running_data(base: Path, name: str, storage: str, epsilon: float) -> di
     """The base config as a dict, made free-running for a throughput measurement: no
     replay-ratio throttling, no evaluations, no stop rule, and a constant epsilon (so every
     collector acts alike from its first step, whatever the run's env step count)."""
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     data = load_config(base).model_dump(mode="json")
     data["name"] = name

@@ -43,7 +43,7 @@ CONFIG = REPO_ROOT / "configs" / "bitflip-her.yaml"
 def variant_config(n_bits: int, env_steps: int, eval_every: int, seed: int,
                    her: str | None):
     """The bench config: `her` is the strategy, or None for plain DQN."""
-    from rlfleet.shared.contract.config import load_config, parse_config
+    from rlfleet.shared.run.config import load_config, parse_config
 
     data = load_config(CONFIG).model_dump()
     data["seed"] = seed

@@ -103,10 +103,11 @@ from rlfleet.cli import free_port  # noqa: E402
 from rlfleet.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.learner.group import DistReducer  # noqa: E402
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
-from rlfleet.shared.contract.config import RunConfig, load_config, parse_config  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402
-from rlfleet.shared.envs.make import EnvSpec, env_spec  # noqa: E402
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.envs.make import env_spec
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.shared.run.config import RunConfig, load_config, parse_config
 
 HIDDEN_SIZES = (1024, 1024)
 CHUNK_ROWS = 1_000          # transitions per prefilled chunk

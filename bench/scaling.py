@@ -56,9 +56,9 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from rlfleet.launcher import Child, ChildFailed, LocalCluster  # noqa: E402
-from rlfleet.shared.contract.config import RunConfig, parse_config  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.shared.run.config import RunConfig, parse_config
 
 SLOW_ENV = "bench.slow_env:SlowCartPole"
 GOAL = 0.9  # efficiency the issue asks for, up to 16 collectors

@@ -61,7 +61,7 @@ WARMUP_S = 12.0  # start-up, torch's import, the buffer's min_size: not the stea
 
 
 def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     data = load_config(REPO_ROOT / CONFIGS[game]).model_dump(mode="json")
     data["name"] = name
@@ -77,7 +77,7 @@ def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
 
 def single_process(config: Path) -> float:
     """Games per second of one process playing and learning (`rlfleet single`)."""
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
     from rlfleet.single import run_single
 
     result = run_single(load_config(config))
@@ -93,10 +93,10 @@ def play_only(config: Path, seconds: float) -> float:
     from rlfleet.collector.battle import BattleRollout, OpponentPool
     from rlfleet.coordinator.league import League
     from rlfleet.coordinator.matchmaking import as_opponent
-    from rlfleet.shared.algos.base import make_policy
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.envs.make import run_spec
     from rlfleet.shared.infra.storage import DirectoryStorage
+    from rlfleet.shared.run.config import load_config
 
     torch.set_num_threads(1)
     cfg = load_config(config)

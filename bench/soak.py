@@ -105,7 +105,7 @@ def soak_config(base: Path, storage: str, minutes: float, eval_every: int) -> di
     """The base config as a dict, made to run on and on: evaluations every `eval_every` env
     steps that can never solve the run, and no stop rule but a wall clock well past the soak
     (a safety net should this script die without taking its children down)."""
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     data = load_config(base).model_dump(mode="json")
     data["storage"] = storage

@@ -63,11 +63,12 @@ from rlfleet.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.learner.arena import ChunkArena  # noqa: E402
 from rlfleet.learner.batching import assemble_from  # noqa: E402
 from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
-from rlfleet.shared.algos.base import make_policy  # noqa: E402
-from rlfleet.shared.contract.config import DQNConfig, RunConfig, parse_config  # noqa: E402
+from rlfleet.shared.algos.dqn.config import DQNConfig
+from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
 from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.shared.run.config import RunConfig, parse_config
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
 LEARNER_GOAL = 0.9     # learner_utilisation the team aims for

@@ -118,7 +118,7 @@ def first_reaching(evaluations: list[dict], target: float) -> dict | None:
 def learning_diagnostics(run_dir: Path, config: Path) -> tuple[float | None, float | None]:
     """(the learner's mean lead over the ratio's line in batches, the mean policy lag of
     the chunks), from the run's metrics.jsonl (None where it has no such records)."""
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     cfg = load_config(config)
     buffer = cfg.learner.mix[0].buffer
@@ -195,7 +195,7 @@ def single_config(config: Path, seed: int, collectors: int):
     step side by side changes how much a DQN learns per env step (on CartPole, 8 envs in one
     process needed 55k-72k env steps where 4 needed 12k-65k), so the two sides compare
     like with like."""
-    from rlfleet.shared.contract.config import load_config, parse_config
+    from rlfleet.shared.run.config import load_config, parse_config
 
     cfg = load_config(config)
     data = cfg.model_dump()
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.n_step is not None and (args.algo != "dqn" or args.n_step < 2):
         p.error("--n-step N compares N >= 2 with 1-step DQN (--algo dqn)")
 
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     config = (args.config or CONFIGS[args.algo]).resolve()
     stop_value = load_config(config).eval.stop_value

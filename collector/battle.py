@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlfleet.collector.rollout import Chunk
-from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import CodecError, decode_weights
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import GameRecord, Opponent
+from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.games.bots import make_bot
 from rlfleet.shared.envs.games.match import Game, Table, make_game
-from rlfleet.shared.envs.make import EnvSpec
 from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.collector")
 

@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import NormalizesObservations, SeededActing
 from rlfleet.shared.contract.schemas import GameRecord, success_rate
 from rlfleet.shared.envs.goals import episode_success
 from rlfleet.shared.envs.make import final_next_obs, reward_components
@@ -111,9 +112,10 @@ class Rollout:
         """A policy swap (a collector's random warm-up ending) re-reads what it asks for:
         algo.obs_norm acts on (and stores) normalised observations and counts the raw ones."""
         self._policy = policy
-        self._pre = getattr(policy, "preprocess", None)
+        normalizes = isinstance(policy, NormalizesObservations)
+        self._pre = policy.preprocess if normalizes else None
         self._moments = (RunningMoments.empty(self.obs.shape[1:])
-                         if getattr(policy, "tracks_obs_stats", False) else None)
+                         if normalizes and policy.tracks_obs_stats else None)
 
     def pre(self, obs: np.ndarray) -> np.ndarray:
         return obs if self._pre is None else self._pre(obs)
@@ -311,14 +313,14 @@ def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: in
 @contextlib.contextmanager
 def _own_randomness(policy: Policy, seed: int) -> Iterator[None]:
     """Evaluation draws from generators seeded with its own seed, and leaves the policy's
-    (`policy.rng`, numpy) and torch's global generator as it found them.
+    (`SeededActing.rng`, numpy) and torch's global generator as it found them.
 
     Why: a stochastic evaluation drew its exploration from the stream the policy acts with,
     so how often a run was evaluated changed what it then collected and learned (in one
     process, adding the stochastic episodes alone moved CartPole DQN's env steps to solve on
     five seeds from 55k-72k to 82k-96k, on nothing but the shifted draws), and its figures
     could not be reproduced from the evaluation's seed."""
-    gen = getattr(policy, "rng", None)
+    gen = policy.rng if isinstance(policy, SeededActing) else None
     saved = None
     if isinstance(gen, np.random.Generator):
         saved = gen.bit_generator.state
@@ -344,7 +346,8 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
     ep_return = np.zeros(n)
     ep_length = np.zeros(n, dtype=np.int64)
     out = Evaluated([], [], [])
-    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
+    # algo.obs_norm: the version's statistics
+    pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
     while (quota > 0).any():
         actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
         next_obs, reward, terminated, truncated, info = envs.step(actions)

@@ -37,9 +37,9 @@ import numpy as np
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.collector.rollout import Rollout, evaluate
 from rlfleet.collector.saver import EpisodeSaver
-from rlfleet.shared.algos.base import ActOutput, Policy, make_policy
+from rlfleet.shared.algos.base import ActOutput, Policy
+from rlfleet.shared.algos.registry import algo_spec, make_policy
 from rlfleet.shared.contract.codec import encode_weights
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import (
     API,
     BattleOutcome,
@@ -56,7 +56,8 @@ from rlfleet.shared.contract.schemas import (
     TaskEnvelope,
     VideoReport,
 )
-from rlfleet.shared.envs.make import EnvSpec, make_vector_env, run_spec
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import (
     Storage,
@@ -66,6 +67,7 @@ from rlfleet.shared.infra.storage import (
     video_blob,
     video_gif_blob,
 )
+from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService
 
 if TYPE_CHECKING:
@@ -77,18 +79,12 @@ log = logging.getLogger("rlfleet.collector")
 
 def random_warmup_steps(cfg: RunConfig) -> int:
     """Env steps of the run (all collectors' together) during which a collector may act
-    uniformly at random instead of waiting for torch: only where the algorithm's own
-    behaviour is uniformly random then. The built-in DQN at `eps_start` 1 explores with
-    epsilon near 1 and a network no update has touched until its buffer holds `min_size`
-    transitions (learning starts there): until then, uniform random actions are what it
-    would do, give or take the untrained network's few greedy picks. 0 for anything else:
-    PPO's chunks carry the acting policy's log-probs, a user's policy is unknown."""
-    algo = cfg.algo
-    if algo.policy or algo.name != "dqn" or getattr(algo, "eps_start", 0.0) < 1.0:
+    uniformly at random instead of waiting for torch: what the algorithm's spec says its
+    own behaviour is then (`AlgoSpec.warmup`). 0 for a user's policy (its behaviour is
+    unknown) and in a game (random moves must be legal ones: the policy masks)."""
+    if cfg.algo.policy or cfg.league is not None:
         return 0
-    if cfg.league is not None:  # a game's random moves must be legal ones: the policy masks
-        return 0
-    return min(b.rate_limit.min_size for b in cfg.buffers.values())
+    return algo_spec(cfg.algo.name).warmup(cfg)
 
 
 class EvaluationCrashed(Exception):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import NormalizesObservations
 from rlfleet.shared.contract.config import EnvConfig, VideoConfig
 from rlfleet.shared.envs.make import make_render_env
 from rlfleet.shared.telemetry.video import Mp4Writer, VideoUnavailable
@@ -35,7 +36,8 @@ def record(env_cfg: EnvConfig, policy: Policy, video: VideoConfig, seed: int) ->
     except Exception as err:  # an env that cannot be made to render
         raise VideoUnavailable(f"cannot make {env_cfg.id} with render_mode='rgb_array': "
                                f"{err}") from err
-    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
+    # algo.obs_norm: the version's statistics
+    pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
     returns: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Mp4Writer(Path(tmp) / "video.mp4", video.fps)

@@ -12,9 +12,9 @@ from rlfleet.coordinator.dashboard import install_dashboard
 from rlfleet.coordinator.prometheus import install_metrics
 from rlfleet.coordinator.routes import bp
 from rlfleet.coordinator.service import Coordinator
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV, install_token_guard, load_token
 from rlfleet.shared.infra.webapp import install_error_handlers
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -17,9 +17,9 @@ import threading
 
 from rlfleet.coordinator.membership import Membership, UnknownWorker
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import TaskAccepted, TaskEnvelope, TaskState
 from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rlfleet.coordinator.replay import Replay
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -26,7 +26,6 @@ import numpy as np
 
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import (
     BattleOutcome,
     EvalEpisodes,
@@ -41,6 +40,7 @@ from rlfleet.shared.contract.schemas import (
     TaskState,
 )
 from rlfleet.shared.infra.storage import Storage, evaluated_blob, video_blob, video_gif_blob
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from rlfleet.coordinator.buffers.queue import QueueBuffer
 from rlfleet.coordinator.replay import PartPlan, PartRefs, Replay
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -30,11 +30,12 @@ from rlfleet.coordinator.buffers import (
 from rlfleet.coordinator.buffers.dataset import DatasetBuffer
 from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.shared.contract.algo import PrioritySettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.infra.webapp import BadRequest
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -76,6 +77,9 @@ class Replay:
         self.cfg = cfg
         self.buffers: dict[str, Buffer] = {}
         self.limiters: dict[str, RateLimiter] = {}
+        # the algorithm's |TD error| offset, where it has one (a prioritized buffer's floor)
+        priority_eps = (cfg.algo.priority_eps if isinstance(cfg.algo, PrioritySettings)
+                        else 1e-6)
         for i, (name, bcfg) in enumerate(cfg.buffers.items()):
             seed = cfg.seed * 1009 + i
             if bcfg.kind == "dataset":
@@ -87,8 +91,7 @@ class Replay:
                     raise ValueError(f"buffers.{name}: a dataset buffer needs storage")
                 self.buffers[name] = load_dataset_buffer(name, bcfg, cfg, storage, seed)
             else:
-                self.buffers[name] = make_buffer(name, bcfg, seed,
-                                                 getattr(cfg.algo, "priority_eps", 1e-6))
+                self.buffers[name] = make_buffer(name, bcfg, seed, priority_eps)
             self.limiters[name] = make_limiter(bcfg)
         self.insert_into = list(cfg.receiving_buffers)
         self.registry = ChunkRegistry()

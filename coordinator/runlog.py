@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from rlfleet.coordinator.records import RecordFeed
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, LearnInfo
+from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.rundata import JSONL_NAME
 
 log = logging.getLogger("rlfleet.coordinator")

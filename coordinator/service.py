@@ -35,7 +35,6 @@ from rlfleet.coordinator.readout import Readout
 from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.coordinator.runlog import RunLog
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
-from rlfleet.shared.contract.config import RunConfig
 from rlfleet.shared.contract.schemas import (
     ChunkMeta,
     ChunkReport,
@@ -65,6 +64,7 @@ from rlfleet.shared.infra.auth import load_token
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -473,9 +473,9 @@ class Coordinator:
                 if entry is not None or self.stopped or self._closing.is_set():
                     break
                 if queue is not None:
-                    rollout = int(getattr(self.cfg.algo, "rollout_size", self.cfg.algo.batch_size))
                     entry, released = self.group.form_rollout(
-                        self.replay, queue, rollout, self.train_iterations, self.policy_version)
+                        self.replay, queue, self.cfg.rollout_rows, self.train_iterations,
+                        self.policy_version)
                     dead += released
                     if entry is not None:
                         self.granted_batches += 1

@@ -16,22 +16,23 @@ import numpy as np
 import torch
 
 from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import QValues
 from rlfleet.shared.algos.nets import as_obs_tensor
-from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.data.datasets import discounted_returns, episodes, open_dataset, transitions
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.run.config import RunConfig
 
 BATCH = 4096
 
 
 def q_values(policy: Policy, obs: np.ndarray) -> np.ndarray:
-    """Q(s, .) of a Q-learning policy (one with a `q` network), in batches."""
-    q_net = getattr(policy, "q", None)
-    if q_net is None:
-        raise ConfigError(f"eval.dataset.metric: needs Q-values; {type(policy).__name__} has "
-                          "no Q-network (use algo.name dqn or cql)")
+    """Q(s, .) of a Q-learning policy (`QValues`), in batches."""
+    if not isinstance(policy, QValues):  # the launch check refuses such a config first
+        raise ConfigError(f"eval.dataset.metric: needs Q-values; {type(policy).__name__} is "
+                          "not QValues (use algo.name dqn or cql)")
     with torch.inference_mode():
-        return np.concatenate([q_net(as_obs_tensor(obs[i:i + BATCH])).numpy()
+        return np.concatenate([policy.q_values(as_obs_tensor(obs[i:i + BATCH])).numpy()
                                for i in range(0, len(obs), BATCH)])
 
 

@@ -32,9 +32,12 @@ from rlfleet.learner.publisher import PublishConflict, Publisher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.learner.rollouts import RolloutFeeder
 from rlfleet.learner.transforms import BatchTransforms
-from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import DataParallel, NormalizesObservations, Optimized
+from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.algos.reward_model import with_reward_model
-from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.algo import RolloutSettings
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.schemas import (
     API,
     Consumed,
@@ -52,6 +55,7 @@ from rlfleet.shared.contract.schemas import (
 from rlfleet.shared.envs.make import run_spec
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage, StorageError, open_storage
+from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
@@ -188,12 +192,11 @@ class LearnerService(WorkerService):
     def _merge_obs_stats(policy: Policy, moments: list[dict]) -> None:
         """algo.obs_norm: the chunks' raw-observation counts, into the statistics the next
         published version carries; a malformed entry is skipped with a warning."""
-        merge = getattr(policy, "merge_obs_stats", None)
-        if merge is None:
+        if not isinstance(policy, NormalizesObservations):
             return
         for entry in moments:
             try:
-                merge(entry)
+                policy.merge_obs_stats(entry)
             except (KeyError, TypeError, ValueError) as err:
                 log.warning("observation moments skipped: %s", err)
 
@@ -228,16 +231,11 @@ class LearnerService(WorkerService):
         # algo.reward_model: every batch's rewards are rewritten before `learn` uses them
         policy = with_reward_model(make_policy(cfg.algo, spec, self.task.seed), cfg.algo,
                                    spec, self.task.seed)
+        # what `rlfleet up` checked: a coordinator started by hand may hand out any config
+        problem = cfg.feed_problem(type(policy).__name__, bool(policy.on_policy))
+        if problem:
+            raise ConfigError(problem)
         queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
-        if policy.on_policy and (len(cfg.learner.mix) != 1 or not queues):
-            raise ConfigError("learner.mix: an on-policy algorithm learns from whole chunks "
-                              "of exactly one queue buffer")
-        if not policy.on_policy and queues:
-            raise ConfigError(f"learner.mix: queue buffer {queues[0]!r} hands out whole "
-                              "chunks, for on-policy algorithms only")
-        if cfg.learner.by_buffer is not None:
-            raise ConfigError("learner.by_buffer: the built-in learner trains on one batch "
-                              "per update; use learner.mix to draw from several buffers")
         storage = open_storage(self.storage_url, cfg.name)
         try:
             ck = cfg.checkpoint
@@ -330,9 +328,10 @@ class LearnerService(WorkerService):
         """Join `assignment`'s process group and adopt rank 0's state and policy version;
         the publisher then announces a version of its own (collectors follow it)."""
         assert self.member is not None
-        if assignment.world_size > 1 and not hasattr(policy, "set_reducer"):
-            raise ConfigError(f"algo.policy={type(policy).__name__} has no set_reducer: it "
-                              "cannot learn in a group; use learner.count: 1")
+        if assignment.world_size > 1 and not isinstance(policy, DataParallel):
+            raise ConfigError(f"algo.policy={type(policy).__name__} is not DataParallel (it "
+                              "has no set_reducer): it cannot learn in a group; use "
+                              "learner.count: 1")
         self._leave_generation()
         self.assignment = assignment
         try:  # versions handed over in the last generation go out before this one's
@@ -340,7 +339,7 @@ class LearnerService(WorkerService):
         except PublishConflict as err:
             log.info("the last generation's pending version was not published: %s", err)
         reducer = self.member.form(assignment)
-        if hasattr(policy, "set_reducer"):
+        if isinstance(policy, DataParallel):
             policy.set_reducer(reducer)
         latest = self.policy_version
         if assignment.publisher:
@@ -487,8 +486,9 @@ class LearnerService(WorkerService):
             self._report(policy, self.feeder.take_consumed())
         self.feeder = feeder = RolloutFeeder(
             self.agent.client, storage, self.agent.worker_id, buffer,
-            rollout_size=int(getattr(cfg.algo, "rollout_size", cfg.algo.batch_size)),
-            max_policy_lag=getattr(cfg.algo, "max_policy_lag", None))
+            rollout_size=cfg.rollout_rows,
+            max_policy_lag=(cfg.algo.max_policy_lag if isinstance(cfg.algo, RolloutSettings)
+                            else None))
         while not self._closing.is_set() and not feeder.stop_run:
             if feeder.broken:
                 raise GroupError(feeder.broken)
@@ -532,10 +532,9 @@ class LearnerService(WorkerService):
 
     @staticmethod
     def _optimizer_metrics(policy: Policy) -> dict[str, float]:
-        optimizer = getattr(policy, "optimizer", None)
-        if optimizer is None:
+        if not isinstance(policy, Optimized):
             return {}
-        return {"learning_rate": float(optimizer.param_groups[0]["lr"])}
+        return {"learning_rate": float(policy.optimizer.param_groups[0]["lr"])}
 
     def updates_per_s(self) -> float:
         now = time.monotonic()

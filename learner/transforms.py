@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.shared.contract.algo import HindsightSettings, NStepSettings
 from rlfleet.shared.contract.frames import take
 
 # Fields computed here rather than indexed straight from the chunks.
@@ -66,7 +67,7 @@ class BatchTransforms:
         """From a `RunConfig` (and the env's spec, made if not given, for HER's layout)."""
         algo = cfg.algo
         her = None
-        if getattr(algo, "her", None) is not None:
+        if isinstance(algo, HindsightSettings) and algo.her is not None:
             if spec is None:
                 from rlfleet.shared.envs.make import run_spec
 
@@ -82,7 +83,8 @@ class BatchTransforms:
                    "desired_goal": list(spec.goal.desired_goal),
                    "env": cfg.env.model_dump(mode="json")}
         rewards = {p.buffer: p.reward for p in cfg.learner.mix if p.reward is not None}
-        return cls(n_step=getattr(algo, "n_step", 1), gamma=algo.gamma, rewards=rewards,
+        n_step = algo.n_step if isinstance(algo, NStepSettings) else 1
+        return cls(n_step=n_step, gamma=algo.gamma, rewards=rewards,
                    her=her, seed=cfg.seed if seed is None else seed)
 
     def settings(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ _PUBLIC = {
     "ActOutput": "rlfleet.shared.algos.base",
     "LearnOutput": "rlfleet.shared.algos.base",
     "Reducer": "rlfleet.shared.algos.base",
-    "EnvSpec": "rlfleet.shared.envs.make",
+    "EnvSpec": "rlfleet.shared.contract.spec",
     "RunConfig": "rlfleet.shared.contract.config",
     "ConfigError": "rlfleet.shared.contract.config",
     "load_config": "rlfleet.shared.contract.config",
@@ -38,8 +38,9 @@ __all__ = ["ActOutput", "ConfigError", "EnvSpec", "LearnOutput", "Policy", "Redu
 
 if TYPE_CHECKING:
     from rlfleet.shared.algos.base import ActOutput, LearnOutput, Policy, Reducer
-    from rlfleet.shared.contract.config import ConfigError, RunConfig, load_config, parse_config
-    from rlfleet.shared.envs.make import EnvSpec
+    from rlfleet.shared.contract.config import ConfigError
+    from rlfleet.shared.contract.spec import EnvSpec
+    from rlfleet.shared.run.config import RunConfig, load_config, parse_config
     from rlfleet.shared.telemetry.rundata import load_run
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlfleet.shared.contract.config import ConfigError, load_config
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.run.config import load_config
 
 
 def battle_run(run_dir: Path, games: int, seed: int, policy_path: Path | None = None
@@ -25,7 +26,7 @@ def battle_run(run_dir: Path, games: int, seed: int, policy_path: Path | None = 
 
     from rlfleet.collector.battle import OpponentPool, battle_evaluate
     from rlfleet.coordinator.evaluation import battle_rates
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import decode_weights
     from rlfleet.shared.contract.schemas import BattleOutcome, Opponent
     from rlfleet.shared.envs.make import run_spec

@@ -32,7 +32,8 @@ import socket
 import sys
 from pathlib import Path
 
-from rlfleet.shared.contract.config import ConfigError, load_config
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.run.config import load_config
 
 
 def env(name: str, default=None):
@@ -284,9 +285,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Build what a config names (its env and its policy, torch and the user's code
     included): `rlfleet up` runs this in a child when a config names code by import path, so
     the launcher itself never imports torch."""
-    from rlfleet.shared.algos.base import check_run_config
+    from rlfleet.shared.run.check import check_runnable, describe_policy_class
 
-    check_run_config(load_config(args.config))
+    checked = check_runnable(load_config(args.config))
+    if checked.policy_class is not None:
+        for line in describe_policy_class(checked.policy_class):
+            print(line)
+        print(f"capabilities of the built policy: {', '.join(checked.capabilities) or 'none'}")
+    for warning in checked.warnings:
+        print(f"warning: {warning}")
     print(f"{args.config}: ok")
     return 0
 
@@ -294,12 +301,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_single(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rlfleet.shared.algos.base import check_run_config
+    from rlfleet.shared.run.check import check_runnable
     from rlfleet.single import run_single
 
     _setup_logging("single")
     cfg = load_config(args.config).with_overrides(seed=args.seed)
-    check_run_config(cfg)
+    check_runnable(cfg)
     res = run_single(cfg, progress=lambda s, i, r, t: print(
         f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True))
     print(asdict(res))

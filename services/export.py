@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlfleet.collector.saver import as_episode, read_saved, run_rows
-from rlfleet.shared.contract.config import ConfigError, RunConfig, load_config
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.data.datasets import write_minari
 from rlfleet.shared.infra.storage import open_storage
+from rlfleet.shared.run.config import RunConfig, load_config
 
 if TYPE_CHECKING:
     from rlfleet.shared.algos.base import Policy
@@ -129,7 +130,7 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
     one then."""
     import torch
 
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import decode_weights
     from rlfleet.shared.envs.make import run_spec
 

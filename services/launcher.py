@@ -5,7 +5,7 @@ Each role is its own process running the same `rlfleet <role>` command a contain
 free loopback port. All start at once: workers register themselves (retrying until the
 coordinator answers). The first children are forks of the launcher, which has imported what
 they need once (`services/forking.py`); later ones (restarts, scaling) exec. The launcher
-never imports torch (`check_run_config(build=False)`; a config that names code by import path
+never imports torch (`check_runnable(build=False)`; a config that names code by import path
 is checked by a `rlfleet check` child). Children get a process group of their own (Ctrl-C
 reaches only the launcher, which then stops them in order: workers first, so they can leave
 cleanly, then the coordinator) and a parent-death signal (if the launcher is killed outright,
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rlfleet.cli import free_port
 from rlfleet.forking import ForkedChild, can_fork, fork_role, preload
-from rlfleet.shared.contract.config import ConfigError, RunConfig, dump_config, load_config
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.crash import CRASH_FILE_ENV, read_crash, signature
 from rlfleet.shared.infra.http import HttpClient, HttpError
@@ -48,6 +48,7 @@ from rlfleet.shared.infra.storage.credentials import (
     has_password,
     split_password,
 )
+from rlfleet.shared.run.config import RunConfig, dump_config, load_config
 
 _PR_SET_PDEATHSIG = 1
 # Restart back-off per child: the first restart waits this long, each next one twice as long.
@@ -411,25 +412,30 @@ def names_code(cfg: RunConfig) -> bool:
 
 
 def check_config(cfg: RunConfig, path: Path | str) -> None:
-    """`check_run_config` without torch or anyone's code in this process, which then watches
+    """`check_runnable` without torch or anyone's code in this process, which then watches
     the run for its whole length. A built-in algorithm on a gymnasium env is checked here
     without building the policy: the env's module, gymnasium and numpy are what the forked
     collectors need anyway (`services/forking.py`). A config that names code by import path
     is built by a `rlfleet check` child (that code may import torch), whose one-line error
     becomes ours. Raises `ConfigError`."""
     if not names_code(cfg):
-        from rlfleet.shared.algos.base import check_run_config
+        from rlfleet.shared.run.check import check_runnable
 
-        check_run_config(cfg, build=False)
+        check_runnable(cfg, build=False)
         return
     done = subprocess.run([sys.executable, "-m", "rlfleet", "check", "--config",
                            str(path)], capture_output=True, text=True, cwd=os.getcwd())
+    text = done.stderr.strip()
     if done.returncode != 0:
-        text = done.stderr.strip()
-        if text.startswith("rlfleet check: "):  # a ConfigError, said in full
-            raise ConfigError(text.removeprefix("rlfleet check: "))
+        said = text.find("rlfleet check: ")
+        if said >= 0:  # a ConfigError, said in full (after any warnings)
+            raise ConfigError(text[said:].removeprefix("rlfleet check: "))
         last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
         raise ConfigError(f"building what {path} names failed: {last}")
+    # what the check warned of (an old import path, a name one typo from a hook)
+    for line in [*text.splitlines(), *done.stdout.splitlines()]:
+        if "Warning:" in line or line.startswith("warning: "):
+            print(line.strip(), file=sys.stderr)
 
 
 LAUNCH_FILE = "launch.json"  # the worker counts a run was started with

@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlfleet.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
-from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.algos.capabilities import NormalizesObservations
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.schemas import success_rate
 from rlfleet.shared.envs.goals import episode_success
+from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.video import VideoUnavailable
 
 if TYPE_CHECKING:
@@ -83,9 +85,8 @@ def trained_policy(run_dir: Path, seed: int | None = None) -> tuple[RunConfig, P
 def policy_actions(policy: Policy, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
     """One forward pass over a batch of raw observations: the deterministic actions of an
     evaluation, or (`deterministic=False`) the actions a collector takes."""
-    pre = getattr(policy, "preprocess", None)  # algo.obs_norm: the version's statistics
-    if pre is not None:
-        obs = pre(obs)
+    if isinstance(policy, NormalizesObservations):  # algo.obs_norm: the version's statistics
+        obs = policy.preprocess(obs)
     if deterministic:
         return np.asarray(policy.act_eval(obs, True))
     return np.asarray(policy.act(obs, COLLECTING_ENV_STEP).actions)

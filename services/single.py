@@ -32,14 +32,17 @@ from rlfleet.learner.feedback import PriorityFeedback
 from rlfleet.learner.rollouts import concat_chunks
 from rlfleet.learner.sampling import batch_fields
 from rlfleet.learner.transforms import BatchTransforms
-from rlfleet.shared.algos.base import Policy, make_policy
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.algos.reward_model import with_reward_model
 from rlfleet.shared.contract.codec import encode_weights
-from rlfleet.shared.contract.config import ConfigError, RunConfig
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.frames import pack, packable
 from rlfleet.shared.contract.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
-from rlfleet.shared.envs.make import EnvSpec, make_vector_env, run_spec
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob
+from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.single")
 
@@ -277,7 +280,7 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
 if __name__ == "__main__":  # quick manual runs: python -m rlfleet.single CONFIG [SEED]
     import sys
 
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
 
     cfg = load_config(sys.argv[1])
     if len(sys.argv) > 2:

@@ -20,7 +20,6 @@ from typing import Any
 
 from flask import Flask, current_app, jsonify
 
-from rlfleet.shared.contract.config import RunConfig, parse_config
 from rlfleet.shared.contract.schemas import (
     API,
     HeartbeatRequest,
@@ -36,6 +35,7 @@ from rlfleet.shared.infra.auth import install_token_guard, load_token
 from rlfleet.shared.infra.crash import describe, write_crash
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.webapp import install_error_handlers, parse_body
+from rlfleet.shared.run.config import RunConfig, parse_config
 
 log = logging.getLogger("rlfleet.worker")
 

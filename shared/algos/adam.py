@@ -12,14 +12,22 @@ project's machines). A learner on a small machine is the cluster's bottleneck.
 load into the other, and code that reads `param_groups[0]["lr"]` or sets it works unchanged.
 One parameter group, no weight decay, no AMSGrad: what the built-in algorithms use. A user
 policy may bring any `torch.optim` optimizer instead (`policy.optimizer = ...`).
+
+Algorithms make it through `rlfleet.shared.algos.optim.adam`, which gives `torch.optim.Adam`
+where this torch lacks the kernel. If the kernel refuses a step (a device or dtype it does
+not support), this optimizer hands its state to a `torch.optim.Adam` over the same
+parameters and steps with that from then on.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+log = logging.getLogger("rlfleet.optim")
 
 
 class FusedAdam:
@@ -30,6 +38,8 @@ class FusedAdam:
             "params": self.params, "lr": lr, "betas": betas, "eps": eps}]
         # Per parameter, made at its first step (as torch.optim does): step, exp_avg, exp_avg_sq.
         self.state: dict[int, dict[str, torch.Tensor]] = {}
+        # torch.optim.Adam, once the kernel refused a step: it owns the state from then on.
+        self.fallback: torch.optim.Optimizer | None = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -40,6 +50,10 @@ class FusedAdam:
 
     @torch.no_grad()
     def step(self) -> None:
+        if self.fallback is not None:
+            self.fallback.param_groups[0]["lr"] = self.param_groups[0]["lr"]
+            self.fallback.step()
+            return
         group = self.param_groups[0]
         params, grads, avgs, sqs, steps = [], [], [], [], []
         for i, p in enumerate(self.params):
@@ -59,12 +73,37 @@ class FusedAdam:
         if not params:
             return
         beta1, beta2 = group["betas"]
-        torch._foreach_add_(steps, 1)
-        torch._fused_adam_(params, grads, avgs, sqs, [], steps, lr=float(group["lr"]),
-                           beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"],
-                           amsgrad=False, maximize=False)
+        try:
+            torch._foreach_add_(steps, 1)
+        except (AttributeError, RuntimeError, TypeError, NotImplementedError) as err:
+            self._fall_back(err)
+            return
+        try:
+            torch._fused_adam_(params, grads, avgs, sqs, [], steps, lr=float(group["lr"]),
+                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"],
+                               amsgrad=False, maximize=False)
+        except (AttributeError, RuntimeError, TypeError, NotImplementedError) as err:
+            for s in steps:  # the step did not happen: its count goes back
+                s.sub_(1)
+            self._fall_back(err)
+
+    def _fall_back(self, err: BaseException) -> None:
+        """Go on with `torch.optim.Adam` from this optimizer's state, and take this step
+        with it."""
+        log.warning("torch's fused Adam kernel refused a step (%s: %s): going on with "
+                    "torch.optim.Adam", type(err).__name__, err)
+        group = self.param_groups[0]
+        fallback = torch.optim.Adam(self.params, lr=float(group["lr"]), betas=group["betas"],
+                                    eps=group["eps"])
+        state = self.state_dict()
+        self.fallback = fallback
+        if self.state:
+            self.load_state_dict(state)
+        fallback.step()
 
     def state_dict(self) -> dict[str, Any]:
+        if self.fallback is not None:
+            return self.fallback.state_dict()
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         group["params"] = list(range(len(self.params)))
         return {"state": {i: dict(st) for i, st in self.state.items()},
@@ -72,6 +111,14 @@ class FusedAdam:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads what this class or `torch.optim.Adam` saved for the same parameters."""
+        if self.fallback is not None:  # its own groups' settings, with what was saved
+            theirs = self.fallback.state_dict()
+            group = dict(theirs["param_groups"][0])
+            group.update({k: v for k, v in (state_dict.get("param_groups") or [{}])[0].items()
+                          if k in ("lr", "betas", "eps")})
+            self.fallback.load_state_dict({"state": state_dict["state"],
+                                           "param_groups": [group]})
+            return
         groups = state_dict.get("param_groups") or [{}]
         if len(groups) != 1:
             raise ValueError(f"expected one parameter group, got {len(groups)}")

@@ -21,25 +21,20 @@ possibly with importance weights; on-policy ones get whole chunks concatenated (
 rows in order) from a queue buffer, once each.
 
 A user's own algorithm: a class with this interface, constructed as `cls(cfg, spec, seed)`,
-named in the config as `algo.policy: "package.module:ClassName"`.
-
-Data parallel: a learner group hands its policy a `Reducer` (`set_reducer`) and gives each
-rank a disjoint shard of every batch. The algorithm sums what must be global through it (its
-gradients, and any statistic taken over a whole batch) so that every rank takes the step one
-learner would take on the whole batch, and all ranks keep identical weights. A policy without
-`set_reducer` can only learn alone (`learner.count: 1`).
+named in the config as `algo.policy: "package.module:ClassName"`; a built-in one is a folder
+of its own with a spec in `rlfleet.shared.algos.registry`. What a policy may do beyond this
+interface (learn in a data-parallel group, normalise observations, give Q-values, ...) is a
+named capability in `rlfleet.shared.algos.capabilities`, which the roles ask with
+`isinstance`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
-
-from rlfleet.shared.envs.make import EnvSpec
 
 # torch for annotations only: a collector acts, and the launcher checks a config, before
 # torch (2-3 s to import) has loaded or without it.
@@ -81,6 +76,10 @@ class Reducer(Protocol):
 
 @runtime_checkable
 class Policy(Protocol):
+    """Both halves of an algorithm. Collectors call `act`, `act_eval`, `bootstrap` and
+    `load_policy`; learners call `learn`, `policy_state`, `state_dict` and
+    `load_state_dict`."""
+
     on_policy: ClassVar[bool]
     version: int            # policy version the acting side holds (-1: none yet)
     train_iterations: int   # gradient steps taken by the learning side
@@ -111,111 +110,24 @@ class Policy(Protocol):
         """Everything needed to continue training (networks, optimizer, counters)."""
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        ...
+        """Continue from `state_dict()`'s output (a checkpoint, or rank 0's state)."""
 
 
-class ImportPathError(ValueError):
-    """An import path (`package.module:attr`) that does not lead to an object."""
+@runtime_checkable
+class Optimizer(Protocol):
+    """The members of `torch.optim.Optimizer` that the learner, checkpoints and the built-in
+    algorithms use."""
 
+    param_groups: list[dict[str, Any]]
 
-def load_object(path: str, what: str) -> Any:
-    """The object `path` names; the error says what was looked up and what failed.
-    `what` names the config field, e.g. "algo.policy"."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ImportPathError(f"{what}={path!r}: expected 'package.module:attr'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ImportPathError(f"{what}={path!r}: cannot import module {module_name!r} "
-                              f"({err})") from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ImportPathError(f"{what}={path!r}: module {module_name!r} has no attribute "
-                                  f"{attr!r}") from None
-    return obj
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of every parameter."""
 
+    def step(self) -> Any:
+        """One update from the current gradients."""
 
-BUILTIN = {"dqn": "rlfleet.shared.algos.dqn:DQN", "cql": "rlfleet.shared.algos.cql:CQL",
-           "bc": "rlfleet.shared.algos.bc:BehaviourCloning", "ppo": "rlfleet.shared.algos.ppo:PPO"}
+    def state_dict(self) -> dict[str, Any]:
+        """Per-parameter state and the parameter groups' settings."""
 
-
-def policy_class(algo_cfg: Any) -> type:
-    """The class a config's `algo` section names: `algo.policy` if set, else the built-in
-    algorithm for `algo.name`."""
-    if algo_cfg.policy:
-        cls = load_object(algo_cfg.policy, "algo.policy")
-        missing = [m for m in ("act", "act_eval", "bootstrap", "learn", "policy_state",
-                               "load_policy", "state_dict", "load_state_dict", "on_policy")
-                   if not hasattr(cls, m)]
-        if not isinstance(cls, type) or missing:
-            raise ImportPathError(f"algo.policy={algo_cfg.policy!r} is not a Policy class"
-                                  + (f": it lacks {', '.join(missing)}" if missing else ""))
-        return cls
-    return load_object(BUILTIN[algo_cfg.name], "algo.name")
-
-
-def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
-    return policy_class(algo_cfg)(algo_cfg, spec, seed)
-
-
-# Built-in algorithms that need a discrete action space: what `check_run_config(build=False)`
-# checks without importing them (and torch); their constructors check it again.
-DISCRETE_ONLY = {"dqn", "cql"}
-
-
-def check_run_config(cfg: Any, build: bool = True) -> None:
-    """Import and build what a run's config names (its env and its policy), so a wrong
-    import path or an algorithm that cannot act in the env is a config error at launch, not
-    a crash in every worker. Raises `ConfigError` naming the field.
-
-    `build=False` checks a built-in algorithm's needs of the env without building it, so the
-    caller (`rlfleet up`) never imports torch; a policy or an `algo.reward_model` named by
-    import path is always built, since only building it can show it works."""
-    from rlfleet.shared.contract.config import ConfigError
-    from rlfleet.shared.envs.make import env_spec
-
-    try:
-        if cfg.league is not None:
-            from rlfleet.shared.envs.games.match import GameError, game_spec
-
-            try:
-                spec = game_spec(cfg.env.id, cfg.env.kwargs)
-            except GameError as err:
-                raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
-        else:
-            spec = env_spec(cfg.env)
-    except ConfigError:
-        raise
-    except ImportPathError as err:
-        raise ConfigError(str(err)) from None
-    except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
-        raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
-    if getattr(cfg.algo, "her", None) is not None and getattr(spec, "goal", None) is None:
-        raise ConfigError(f"algo.her: hindsight relabelling needs a goal-conditioned env "
-                          f"(a Dict observation of observation, achieved_goal and "
-                          f"desired_goal); {cfg.env.id!r} has observations of shape "
-                          f"{spec.obs_shape}")
-    if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
-        from rlfleet.shared.data.datasets import check_datasets
-
-        check_datasets(cfg, spec)
-    if not build and not cfg.algo.policy and cfg.algo.reward_model is None:
-        if cfg.algo.name in DISCRETE_ONLY and not spec.discrete:
-            raise ConfigError(f"algo: algo.name={cfg.algo.name!r} needs a discrete action "
-                              f"space; this env has continuous actions of shape "
-                              f"{spec.action_shape}")
-        return
-    try:
-        make_policy(cfg.algo, spec, cfg.seed)
-    except ImportPathError as err:
-        raise ConfigError(str(err)) from None
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"algo: {err}") from None
-    if cfg.algo.reward_model is not None:
-        from rlfleet.shared.algos.reward_model import check_reward_model
-
-        check_reward_model(cfg, spec)
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from `state_dict()`'s output."""

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from rlfleet.shared.algos.adam import FusedAdam
+from rlfleet.shared.algos.base import Optimizer
+from rlfleet.shared.algos.optim import foreach_mul_, foreach_norms
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: type[nn.Module] = nn.ReLU
@@ -29,8 +28,8 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     scaling. The same result as `torch.nn.utils.clip_grad_norm_`, in two foreach kernels:
     on small CPU networks the library version's bookkeeping cost a third of each update."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    norm = torch.linalg.vector_norm(torch.stack(foreach_norms(grads)))
+    foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return norm
 
 
@@ -51,11 +50,10 @@ def sum_gradients(params: list[torch.nn.Parameter], reducer, extra: list[torch.T
     grads = gradients(params)
     reducer.sum_(grads + list(extra))
     if scale != 1.0:
-        torch._foreach_mul_(grads, scale)
+        foreach_mul_(grads, scale)
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam, prefix: str = "optim."
-                    ) -> dict[str, torch.Tensor]:
+def optimizer_state(optimizer: Optimizer, prefix: str = "optim.") -> dict[str, torch.Tensor]:
     """An optimiser's per-parameter tensors and step counts as a flat tensor dict, so a
     checkpoint is plain safetensors (no pickle)."""
     out: dict[str, torch.Tensor] = {}
@@ -65,8 +63,8 @@ def optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam, prefix: str = 
     return out
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam,
-                         state: dict[str, torch.Tensor], prefix: str = "optim.") -> None:
+def load_optimizer_state(optimizer: Optimizer, state: dict[str, torch.Tensor],
+                         prefix: str = "optim.") -> None:
     current = optimizer.state_dict()
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in state.items():
@@ -76,17 +74,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer | FusedAdam,
         per_param.setdefault(int(idx), {})[key] = value.clone()
     current["state"] = per_param
     optimizer.load_state_dict(current)
-
-
-# The Nature CNN's smallest input: 8x8/4, 4x4/2, 3x3/1 leave one cell of a 36x36 frame.
-MIN_IMAGE_SIDE = 36
-
-
-def is_image(obs_shape: Sequence[int]) -> bool:
-    """Observations a CNN reads: (channels or stacked frames, height, width), channel-first
-    as gymnasium's Atari stack gives them, at least `MIN_IMAGE_SIDE` a side. Small 3-d
-    observations (board planes such as Connect Four's (6, 7, 2)) stay with the MLP."""
-    return len(obs_shape) == 3 and min(obs_shape[1:]) >= MIN_IMAGE_SIDE
 
 
 def as_obs_tensor(obs: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Reward models: what rewrites the rewards an algorithm trains on, named by import path.
+"""Reward models: what rewrites the rewards an algorithm trains on, named by name or path.
 
 A reward model sits between the data and the algorithm's loss on the learning side only:
 
@@ -14,13 +14,15 @@ single-process runner, checkpoints (its state is in the policy's `state_dict`, u
 knowing of it. Collectors never build one: they store the env's own rewards, and stored chunks
 are never changed, since the rewritten rewards exist only in the learner's batch.
 
-A config names one as `algo.reward_model: {path: package.module:Class, kwargs: {...}}` (or
-just the path). `check_reward_model` builds it at launch (`rlfleet check`), so a wrong path or
-kwargs is a config error naming `algo.reward_model`, not a crash in the learner.
+A config names one as `algo.reward_model: {path: rnd, kwargs: {...}}` (a built-in one by
+its registry name) or `{path: package.module:Class, ...}` (or just the name or path).
+`check_reward_model` builds it at launch (`rlfleet check`), so a wrong path or kwargs is a
+config error naming `algo.reward_model`, not a crash in the learner.
 
 In a learner group each rank sees a shard of every batch: a model that keeps ranks alike
-(summing its gradients and statistics through the `Reducer`, as the built-in RND does)
-implements `set_reducer`; one without it is refused for `learner.count > 1`.
+(summing its gradients and statistics through the `Reducer`, as the built-in RND does) is
+`DataParallel`; one that is not is refused for `learner.count > 1`. The wrapped policy keeps
+its capabilities: `with_reward_model` gives it a class that passes each on.
 """
 
 from __future__ import annotations
@@ -30,16 +32,21 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
-from rlfleet.shared.algos.base import (
-    ActOutput,
-    ImportPathError,
-    LearnOutput,
-    Policy,
-    Reducer,
-    load_object,
+from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Policy, Reducer
+from rlfleet.shared.algos.capabilities import (
+    DataParallel,
+    NormalizesObservations,
+    Optimized,
+    QValues,
+    SeededActing,
 )
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.registry import reward_model_spec
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.util.imports import ImportPathError, current_path, load_object
+from rlfleet.shared.util.moments import RunningMoments
 
 FIELD = "algo.reward_model"
 PREFIX = "reward_model."
@@ -69,9 +76,12 @@ class RewardModel(Protocol):
 
 
 def reward_model_class(path: str) -> type:
-    """The class `path` names, checked to have the interface; `ImportPathError` otherwise."""
-    cls = load_object(path, FIELD)
-    missing = [m for m in METHODS if not hasattr(cls, m)]
+    """The class `path` names (a built-in model's name, or an import path), checked to have
+    the interface; `ImportPathError` otherwise."""
+    spec = reward_model_spec(current_path(path) or path)
+    cls = spec.model_class() if spec is not None and path == spec.name else load_object(
+        path, FIELD)
+    missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:
         raise ImportPathError(f"{FIELD}={path!r} is not a reward model class"
                               + (f": it lacks {', '.join(missing)}" if missing else ""))
@@ -87,8 +97,6 @@ def check_reward_model(cfg: Any, spec: EnvSpec) -> None:
     """Build the reward model a run's config names and try it on a few rows of zeros, so a
     wrong path, bad kwargs or an env it cannot handle is a `ConfigError` naming the field at
     launch. A model that cannot learn in a group is refused for `learner.count > 1`."""
-    from rlfleet.shared.contract.config import ConfigError
-
     rm = cfg.algo.reward_model
     if rm is None:
         return
@@ -98,10 +106,15 @@ def check_reward_model(cfg: Any, spec: EnvSpec) -> None:
         raise ConfigError(str(err)) from None
     try:
         model = cls(spec, seed=cfg.seed, **rm.kwargs)
+    except ValidationError as err:  # a built-in model's settings (its config model)
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: "
+                             f"{e['msg']}" for e in err.errors())
+        raise ConfigError(f"{FIELD}.kwargs: {rm.path} cannot be built with {rm.kwargs}: "
+                          f"{problems}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{FIELD}.kwargs: {rm.path} cannot be built with "
                           f"{rm.kwargs}: {err}") from None
-    if cfg.learner.count > 1 and not hasattr(model, "set_reducer"):
+    if cfg.learner.count > 1 and not isinstance(model, DataParallel):
         raise ConfigError(f"{FIELD}={rm.path!r} has no set_reducer: it cannot learn in a "
                           f"learner group (learner.count={cfg.learner.count}); use one learner")
     try:
@@ -128,8 +141,8 @@ def _zeros(spec: EnvSpec, n: int) -> dict[str, torch.Tensor]:
 
 class WithRewardModel:
     """A policy whose `learn` trains on a reward model's rewards. Acting, publishing and
-    everything else are the wrapped policy's (attributes not defined here are looked up on
-    it, so `policy.q`, `policy.optimizer` and `merge_obs_stats` still work)."""
+    everything else are the wrapped policy's; `with_reward_model` builds a subclass that
+    also passes on each capability the policy has."""
 
     def __init__(self, policy: Policy, model: RewardModel) -> None:
         self.policy = policy
@@ -137,7 +150,7 @@ class WithRewardModel:
 
     # The counters are the wrapped policy's own: the learner reads (and sets) them there.
     @property
-    def on_policy(self) -> bool:
+    def on_policy(self) -> bool:  # type: ignore[override]
         return self.policy.on_policy
 
     @property
@@ -155,24 +168,6 @@ class WithRewardModel:
     @version.setter
     def version(self, value: int) -> None:
         self.policy.version = value
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("policy", "model"):  # not set yet: no recursion through __getattr__
-            raise AttributeError(name)
-        return getattr(self.policy, name)
-
-    def set_reducer(self, reducer: Reducer | None) -> None:
-        """Both learn as one rank of a group; one that cannot is a config error (the
-        launch check refuses it first, unless the group was scaled up later)."""
-        grouped = reducer is not None and reducer.world_size > 1
-        for part, what in ((self.policy, "algo.policy"), (self.model, FIELD)):
-            if hasattr(part, "set_reducer"):
-                part.set_reducer(reducer)
-            elif grouped:
-                from rlfleet.shared.contract.config import ConfigError
-
-                raise ConfigError(f"{what}={type(part).__name__} has no set_reducer: it "
-                                  "cannot learn in a group; use learner.count: 1")
 
     # -- learning -----------------------------------------------------------------------------
 
@@ -240,8 +235,71 @@ class WithRewardModel:
         self.model.load_state_dict(own)
 
 
+class _GroupLearning:
+    """DataParallel: both the policy and the model learn as one rank of a group."""
+
+    policy: Any
+    model: Any
+
+    def set_reducer(self, reducer: Reducer | None) -> None:
+        self.policy.set_reducer(reducer)
+        self.model.set_reducer(reducer)
+
+
+class _PassObsNorm:
+    policy: Any
+
+    @property
+    def tracks_obs_stats(self) -> bool:
+        return self.policy.tracks_obs_stats
+
+    def preprocess(self, obs: np.ndarray) -> np.ndarray:
+        return self.policy.preprocess(obs)
+
+    def merge_obs_stats(self, moments: RunningMoments | Mapping[str, Any]) -> None:
+        self.policy.merge_obs_stats(moments)
+
+
+class _PassRng:
+    policy: Any
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self.policy.rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self.policy.rng = value
+
+
+class _PassOptimizer:
+    policy: Any
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.policy.optimizer
+
+
+class _PassQValues:
+    policy: Any
+
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.policy.q_values(obs)
+
+
+_PASSED_ON = ((NormalizesObservations, _PassObsNorm), (SeededActing, _PassRng),
+              (Optimized, _PassOptimizer), (QValues, _PassQValues))
+
+
 def with_reward_model(policy: Policy, algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
-    """`policy`, learning from the rewards of the config's reward model if it names one."""
-    if getattr(algo_cfg, "reward_model", None) is None:
+    """`policy`, learning from the rewards of the config's reward model if it names one,
+    with every capability the policy has (and `DataParallel` where both have it)."""
+    if algo_cfg.reward_model is None:
         return policy
-    return WithRewardModel(policy, make_reward_model(algo_cfg, spec, seed))  # type: ignore
+    model = make_reward_model(algo_cfg, spec, seed)
+    bases: list[type] = [WithRewardModel]
+    if isinstance(policy, DataParallel) and isinstance(model, DataParallel):
+        bases.append(_GroupLearning)
+    bases += [passer for cap, passer in _PASSED_ON if isinstance(policy, cap)]
+    cls = type(f"WithRewardModel[{type(policy).__name__}]", tuple(bases), {})
+    return cls(policy, model)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.contract.spec import EnvSpec
 
 EPISODE_FIELDS = ("observations", "actions", "rewards", "terminations", "truncations")
 

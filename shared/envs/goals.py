@@ -15,25 +15,12 @@ Success is what such envs report in `info["is_success"]` on an episode's last st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.shared.contract.spec import GoalLayout
+
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
-
-
-@dataclass(frozen=True)
-class GoalLayout:
-    """[start, stop) of each part of a flattened goal observation."""
-
-    observation: tuple[int, int]
-    achieved_goal: tuple[int, int]
-    desired_goal: tuple[int, int]
-
-    def part(self, name: str) -> slice:
-        start, stop = getattr(self, name)
-        return slice(start, stop)
 
 
 def is_goal_space(space: gym.Space) -> bool:

@@ -7,7 +7,6 @@ first time it is used, so vector envs and wrappers treat it like any other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -15,27 +14,13 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.shared.contract.config import AtariConfig, EnvConfig
-from rlfleet.shared.envs.goals import FlattenGoalObs, GoalLayout, is_goal_space
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.envs.goals import FlattenGoalObs, is_goal_space
+from rlfleet.shared.util.imports import load_object
 
 # The project's own envs, made by id like gymnasium's (`env.id: rlfleet/BitFlip-v0`).
 if "rlfleet/BitFlip-v0" not in gym.registry:
     gym.register("rlfleet/BitFlip-v0", entry_point="rlfleet.shared.envs.bitflip:BitFlipEnv")
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What a policy needs to know about an environment to be built."""
-
-    obs_shape: tuple[int, ...]
-    n_actions: int = 0                    # discrete: number of actions; 0 when continuous
-    action_shape: tuple[int, ...] = ()    # continuous: shape of one action
-    action_low: tuple[float, ...] = ()
-    action_high: tuple[float, ...] = ()
-    goal: GoalLayout | None = None        # goal-conditioned: the flattened obs's parts
-
-    @property
-    def discrete(self) -> bool:
-        return self.n_actions > 0
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -47,8 +32,6 @@ def resolve_env_id(env_id: str) -> str:
     registered = "user." + env_id.replace(":", ".")
     if registered in gym.registry:
         return registered
-    from rlfleet.shared.algos.base import load_object  # imports the user's module, errors named
-
     entry = load_object(env_id, "env.id")
     if not callable(entry):
         raise ValueError(f"env.id={env_id!r} names {type(entry).__name__}, not an Env class "
@@ -222,7 +205,7 @@ def env_spec(cfg: EnvConfig) -> EnvSpec:
 def run_spec(cfg: Any) -> EnvSpec:
     """The spec of a run's env (a `RunConfig`): under a league, one side's view of the
     two-player game."""
-    if getattr(cfg, "league", None) is not None:
+    if cfg.league is not None:
         from rlfleet.shared.envs.games.match import game_spec
 
         return game_spec(cfg.env.id, cfg.env.kwargs)

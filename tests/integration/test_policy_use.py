@@ -64,10 +64,10 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _policy_of(run_dir: Path):
     """The run's best policy, loaded here the plain way (not through the code under test)."""
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import decode_weights
-    from rlfleet.shared.contract.config import load_config
     from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.run.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     state, meta = decode_weights((run_dir / "best_policy.safetensors").read_bytes())
@@ -123,10 +123,10 @@ def _config(base: str, **changes: dict) -> dict:
 def _untrained_run(tmp_path: Path, name: str, data: dict, version: int = 7) -> Path:
     """A run directory as `rlfleet up` leaves it (config.yaml, best_policy.safetensors), with
     a freshly initialised policy as its best one."""
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import encode_weights
-    from rlfleet.shared.contract.config import load_config
     from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.run.config import load_config
     from rlfleet.shared.util.moments import RunningMoments
 
     run_dir = tmp_path / name
@@ -422,10 +422,10 @@ def test_play_reports_the_success_rate_of_envs_that_say(tmp_path: Path,
 def _write_best(run_dir: Path, seed: int, version: int):
     """A new best policy in the run dir, written as the coordinator writes it (a temporary
     file renamed over the old one); returns it, loaded for comparison."""
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import encode_weights
-    from rlfleet.shared.contract.config import load_config
     from rlfleet.shared.envs.make import run_spec
+    from rlfleet.shared.run.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     policy = make_policy(cfg.algo, run_spec(cfg), seed)

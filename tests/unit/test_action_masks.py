@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from rlfleet.shared.algos.dqn import DQN, masked_q
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO
-from rlfleet.shared.contract.config import DQNConfig, PPOConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.contract.spec import EnvSpec
 
 SPEC = EnvSpec(obs_shape=(3, 3, 2), n_actions=9)
 

@@ -71,8 +71,8 @@ def test_learning_rate_is_read_and_set_through_param_groups():
 
 def test_a_learner_policy_never_imports_the_compiler():
     code = ("import sys; from rlfleet.shared.algos.dqn import DQN;"
-            "from rlfleet.shared.contract.config import DQNConfig;"
-            "from rlfleet.shared.envs.make import EnvSpec; import numpy as np, torch;"
+            "from rlfleet.shared.algos.dqn.config import DQNConfig;"
+            "from rlfleet.shared.contract.spec import EnvSpec; import numpy as np, torch;"
             "spec = EnvSpec(obs_shape=(4,), n_actions=2);"
             "p = DQN(DQNConfig(), spec, 0); b = {'obs': torch.randn(8, 4),"
             " 'action': torch.zeros(8, dtype=torch.long), 'reward': torch.ones(8),"

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rlfleet.coordinator.admission import NotAdmitted, WorkerNetworks
-from rlfleet.shared.contract.config import ConfigError, parse_config
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import REPO, get, make_config, ok, post
 

@@ -7,8 +7,9 @@ import pytest
 
 pytest.importorskip("ale_py")
 
-from rlfleet.shared.contract.config import ConfigError, EnvConfig, parse_config  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError, EnvConfig
 from rlfleet.shared.envs.make import env_spec, make_atari, make_vector_env  # noqa: E402
+from rlfleet.shared.run.config import parse_config
 
 
 def _cfg(**atari) -> EnvConfig:

@@ -20,9 +20,9 @@ import pytest
 import requests
 
 from rlfleet.coordinator.app import create_app
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, load_token
 from rlfleet.shared.infra.webapp import DEFAULT_MAX_BODY, max_body_bytes
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import (
     HTTP,

@@ -12,7 +12,6 @@ from rlfleet.coordinator import evaluation, membership, tasks
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import (
     EvaluateTask,
     EvaluationReport,
@@ -22,6 +21,7 @@ from rlfleet.shared.contract.schemas import (
     TaskState,
 )
 from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import make_config
 

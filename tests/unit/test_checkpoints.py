@@ -11,9 +11,10 @@ import torch
 
 from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO
-from rlfleet.shared.contract.config import DQNConfig, PPOConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.infra.storage import DirectoryStorage
 
 SPEC = EnvSpec(obs_shape=(4,), n_actions=2)

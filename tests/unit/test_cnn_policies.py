@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.nets import NatureCNN, as_obs_tensor
 from rlfleet.shared.algos.ppo import PPO
-from rlfleet.shared.contract.config import DQNConfig, PPOConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.contract.spec import EnvSpec
 
 PONG = EnvSpec(obs_shape=(4, 84, 84), n_actions=6)
 

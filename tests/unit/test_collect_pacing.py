@@ -18,10 +18,10 @@ import pytest
 
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.coordinator.runlog import RunLog
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import ChunkMeta
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import (
     buffer_config,

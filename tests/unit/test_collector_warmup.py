@@ -14,8 +14,8 @@ import pytest
 
 from rlfleet.collector.rollout import Rollout
 from rlfleet.collector.service import RandomPolicy, random_warmup_steps
-from rlfleet.shared.contract.config import load_config
 from rlfleet.shared.envs.make import env_spec, make_vector_env
+from rlfleet.shared.run.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_acting_at_random_needs_no_torch():
     code = ("import sys\n"
             "from rlfleet.collector.service import RandomPolicy, random_warmup_steps\n"
             "from rlfleet.collector.rollout import Rollout\n"
-            "from rlfleet.shared.contract.config import load_config\n"
+            "from rlfleet.shared.run.config import load_config\n"
             "from rlfleet.shared.envs.make import env_spec, make_vector_env\n"
             "cfg = load_config('configs/cartpole-dqn.yaml')\n"
             "envs = make_vector_env(cfg.env, 2, 0)\n"

@@ -9,15 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from rlfleet.shared.contract.config import (
-    ConfigError,
-    CoordinatorConfig,
-    MixPart,
-    RateLimitConfig,
-    RunConfig,
-    load_config,
-    parse_config,
-)
+from rlfleet.shared.contract.config import ConfigError, CoordinatorConfig, MixPart, RateLimitConfig
+from rlfleet.shared.run.config import RunConfig, load_config, parse_config
 
 from .helpers import CARTPOLE_DQN, REPO
 
@@ -239,7 +232,8 @@ def _mix(*parts: tuple[str, float]) -> dict:
     ({"learner": _mix(("nope", 1.0))}, "learner.mix names buffer 'nope'"),
     ({"learner": _mix(("replay", 0.5))}, "learner.mix fractions sum to 0.5, not 1"),
     ({"learner": _mix(("replay", 0.5), ("replay", 0.7))}, "fractions sum to 1.2"),
-    ({"learner": {"by_buffer": {"nope": 32}}}, "learner.by_buffer names buffer 'nope'"),
+    ({"learner": {"by_buffer": {"replay": 32}}},
+     "field 'learner.by_buffer': Value error, one batch per buffer is not supported"),
     ({"collector": {"chunk_size": 128, "insert_into": ["replay", "nope"]}},
      "collector.insert_into names buffer 'nope'"),
     # a band narrower than one batch: each side would wait for the other forever

@@ -14,10 +14,10 @@ import pytest
 
 from rlfleet.learner.batching import assemble
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import SampleResponse
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import (
     HTTP,

@@ -16,10 +16,11 @@ from safetensors.torch import load_file, save_file
 
 from rlfleet.learner.group import DistReducer, GroupError, GroupMember
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO
-from rlfleet.shared.contract.config import DQNConfig, PPOConfig
+from rlfleet.shared.algos.ppo.config import PPOConfig
 from rlfleet.shared.contract.schemas import GroupAssignment
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.contract.spec import EnvSpec
 
 from .helpers import wait_for
 

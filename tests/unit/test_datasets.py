@@ -15,17 +15,14 @@ from rlfleet.collector.saver import EpisodeSaver, read_saved  # noqa: E402
 from rlfleet.coordinator.replay import Replay  # noqa: E402
 from rlfleet.learner.dataset_eval import score  # noqa: E402
 from rlfleet.shared.algos.bc import BehaviourCloning  # noqa: E402
+from rlfleet.shared.algos.bc.config import BCConfig
 from rlfleet.shared.algos.cql import CQL  # noqa: E402
+from rlfleet.shared.algos.cql.config import CQLConfig
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
-from rlfleet.shared.contract.config import (  # noqa: E402
-    BCConfig,
-    ConfigError,
-    CQLConfig,
-    DQNConfig,
-    EnvConfig,
-    parse_config,
-)
+from rlfleet.shared.algos.dqn.config import DQNConfig
+from rlfleet.shared.contract.config import ConfigError, EnvConfig
 from rlfleet.shared.contract.schemas import ChunkMeta  # noqa: E402
+from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.data.datasets import (  # noqa: E402
     DatasetError,
     check_datasets,
@@ -35,8 +32,9 @@ from rlfleet.shared.data.datasets import (  # noqa: E402
     transitions,
     write_minari,
 )
-from rlfleet.shared.envs.make import EnvSpec, env_spec, make_vector_env  # noqa: E402
+from rlfleet.shared.envs.make import env_spec, make_vector_env
 from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.run.config import parse_config
 
 CARTPOLE = EnvSpec((4,), n_actions=2)
 
@@ -211,7 +209,7 @@ def test_the_metric_evaluator_matches_a_hand_computation():
     # max Q = 2, 4, 6 against returns 1.75, 1.5, 1
     assert score("return_prediction", policy, data, returns, 0.5) == pytest.approx(
         (0.25 + 2.5 + 5) / 3)
-    with pytest.raises(ConfigError, match="no Q-network"):
+    with pytest.raises(ConfigError, match="not QValues"):
         score("td_error", BehaviourCloning(BCConfig(), EnvSpec((1,), n_actions=2)), data,
               returns, 0.5)
 

@@ -10,10 +10,10 @@ import torch
 from rlfleet.learner.batching import DEFAULT_FIELDS, Batch, assemble
 from rlfleet.learner.feedback import PriorityFeedback
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
-from rlfleet.shared.contract.config import DQNConfig
 from rlfleet.shared.contract.schemas import SamplePart
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.contract.spec import EnvSpec
 
 SPEC = EnvSpec(obs_shape=(2,), n_actions=3)
 

@@ -10,10 +10,11 @@ import pytest
 
 pytest.importorskip("envpool")
 
-from rlfleet.shared.algos.base import check_run_config  # noqa: E402
-from rlfleet.shared.contract.config import ConfigError, EnvConfig, parse_config  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError, EnvConfig
 from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
 from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
+from rlfleet.shared.run.check import check_runnable
+from rlfleet.shared.run.config import parse_config
 
 from .test_frames import RandomPolicy  # noqa: E402
 
@@ -77,11 +78,11 @@ def test_mujoco_on_envpool_has_gymnasiums_spec_and_clips_actions():
 def test_an_env_envpool_lacks_is_a_config_error_naming_the_backend():
     data = {"env": {"id": "CartPole-v9", "backend": "envpool"}}
     with pytest.raises(ConfigError, match="env.backend='envpool'.*CartPole-v9"):
-        check_run_config(parse_config(data), build=False)
+        check_runnable(parse_config(data), build=False)
 
 
 def test_without_the_package_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` raises ImportError
     with pytest.raises(ConfigError, match=r"env.backend='envpool'.*pip install"):
-        check_run_config(parse_config({"env": {"id": "Hopper-v5", "backend": "envpool"}}),
+        check_runnable(parse_config({"env": {"id": "Hopper-v5", "backend": "envpool"}}),
                          build=False)

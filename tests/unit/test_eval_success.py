@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from rlfleet.collector.rollout import evaluate
 from rlfleet.collector.service import CollectorService
 from rlfleet.collector.weights import StorageWeightSource
-from rlfleet.shared.algos.base import make_policy
-from rlfleet.shared.contract.config import EnvConfig, parse_config
+from rlfleet.shared.algos.registry import make_policy
+from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.schemas import (
     EvalEpisodes,
     EvaluateTask,
@@ -30,6 +30,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 
 from .helpers import HTTP, TIMEOUT, ok, post, register, wait_for, wait_running

@@ -192,7 +192,7 @@ def test_one_process_keeps_frames_once_and_learns_from_them():
     the learner run 64k samples ahead): a Nature CNN update of 32 stacks costs about 0.2 s
     on one CPU thread, and the point here is the data path, not the network."""
     pytest.importorskip("ale_py")
-    from rlfleet.shared.contract.config import parse_config
+    from rlfleet.shared.run.config import parse_config
     from rlfleet.single import run_single
 
     cfg = parse_config({

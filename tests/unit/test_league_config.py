@@ -7,8 +7,9 @@ import pytest
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
 
-from rlfleet.shared.algos.base import check_run_config  # noqa: E402
-from rlfleet.shared.contract.config import ConfigError, parse_config  # noqa: E402
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.run.check import check_runnable
+from rlfleet.shared.run.config import parse_config
 
 
 def _config(env_id: str = "tictactoe_v3", **league) -> dict:
@@ -24,8 +25,8 @@ def test_a_league_on_a_classic_game_checks_and_builds(algo):
         data["learner"] = {"mix": [{"buffer": "rollouts", "fraction": 1.0}]}
     cfg = parse_config(data)
     assert cfg.league is not None and cfg.league.bots == ("random", "perfect")
-    check_run_config(cfg, build=False)
-    check_run_config(cfg, build=True)  # the policy is built for the game's spec
+    check_runnable(cfg, build=False)
+    check_runnable(cfg, build=True)  # the policy is built for the game's spec
 
 
 @pytest.mark.parametrize("data,field", [
@@ -51,4 +52,4 @@ def test_a_game_that_cannot_be_built_is_refused_at_the_check(env_id, message):
         data["env"]["kwargs"] = {"id": "CartPole-v1"}
     cfg = parse_config(data)
     with pytest.raises(ConfigError, match=f"env.id='{env_id}'.*{message}"):
-        check_run_config(cfg, build=False)
+        check_runnable(cfg, build=False)

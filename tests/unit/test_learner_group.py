@@ -17,8 +17,8 @@ from rlfleet.coordinator.learner_group import (
     shard_parts,
 )
 from rlfleet.coordinator.replay import PartPlan, Replay
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import buffer_config, make_config
 

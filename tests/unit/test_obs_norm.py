@@ -12,8 +12,10 @@ import torch
 
 from rlfleet.collector.rollout import Rollout, evaluate
 from rlfleet.shared.algos.ppo import PPO
-from rlfleet.shared.contract.config import ConfigError, EnvConfig, PPOConfig, parse_config
+from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.contract.config import ConfigError, EnvConfig
 from rlfleet.shared.envs.make import env_spec
+from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.util.moments import RunningMoments
 
 
@@ -100,7 +102,7 @@ def test_obs_norm_is_refused_for_a_learner_group():
 def test_one_process_merges_the_counts_and_solves_invertedpendulum():
     """`rlfleet single` merges each chunk's counts as the learner service does."""
     pytest.importorskip("mujoco")
-    from rlfleet.shared.contract.config import load_config
+    from rlfleet.shared.run.config import load_config
     from rlfleet.single import run_single
 
     from .helpers import REPO

@@ -30,9 +30,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from rlfleet.coordinator.app import create_app
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import TIMEOUT, CoordinatorProc, make_config, wait_for
 

@@ -14,8 +14,9 @@ import pytest
 
 from rlfleet.coordinator.records import RecordFeed
 from rlfleet.coordinator.runlog import RunLog
-from rlfleet.shared.contract.config import SCOPES, parse_config
+from rlfleet.shared.contract.config import SCOPES
 from rlfleet.shared.contract.schemas import RecordsQuery
+from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import JSONL_NAME
 
 from .helpers import (

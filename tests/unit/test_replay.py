@@ -19,7 +19,6 @@ import pytest
 import requests
 
 from rlfleet.coordinator.replay import Replay, UnknownBuffer
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.contract.schemas import (
     ChunkMeta,
     Consumed,
@@ -29,6 +28,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.infra.webapp import BadRequest
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import (
     HTTP,

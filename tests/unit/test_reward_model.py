@@ -14,20 +14,17 @@ import torch
 
 from rlfleet.launcher import check_config
 from rlfleet.learner.checkpoints import CheckpointStore
-from rlfleet.shared.algos.base import check_run_config
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.algos.ppo.config import PPOConfig
 from rlfleet.shared.algos.reward_model import WithRewardModel, with_reward_model
 from rlfleet.shared.algos.rnd import RND
-from rlfleet.shared.contract.config import (
-    ConfigError,
-    DQNConfig,
-    PPOConfig,
-    load_config,
-    parse_config,
-)
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.run.check import check_runnable
+from rlfleet.shared.run.config import load_config, parse_config
 from rlfleet.single import run_single
 
 MOUNTAINCAR = EnvSpec(obs_shape=(2,), n_actions=3)
@@ -259,7 +256,7 @@ def test_a_reward_model_without_set_reducer_is_refused_for_a_group(tmp_path):
     cfg = parse_config(_config(tmp_path, "tests.unit.test_reward_model:Constant",
                                batch_size=64) | {"learner": {"count": 2}})
     with pytest.raises(ConfigError, match=r"algo\.reward_model=.*set_reducer"):
-        check_run_config(cfg)
+        check_runnable(cfg)
 
 
 class Constant:
@@ -302,22 +299,23 @@ def test_the_config_takes_a_mapping_or_a_bare_path(tmp_path):
                                       r"'Nope'"),
     ("no_such_pkg.rnd:RND", r"algo\.reward_model='no_such_pkg\.rnd:RND': cannot import "
                             r"module 'no_such_pkg\.rnd'"),
-    ("rlfleet.shared.algos.rnd:np", r"algo\.reward_model='rlfleet\.shared\.algos\.rnd:np' is "
-                                    r"not a reward model class"),
+    ("rlfleet.shared.algos.rnd.model:np",
+     r"algo\.reward_model='rlfleet\.shared\.algos\.rnd\.model:np' is not a reward model "
+     r"class"),
 ])
 def test_a_bad_import_path_is_a_config_error_naming_the_field(tmp_path, path, says):
     cfg = parse_config(_config(tmp_path, path))
     with pytest.raises(ConfigError, match=says):
-        check_run_config(cfg)
+        check_runnable(cfg)
 
 
 def test_bad_kwargs_are_a_config_error_naming_the_field(tmp_path):
     cfg = parse_config(_config(tmp_path, {"path": RND_PATH, "kwargs": {"sclae": 1.0}}))
     with pytest.raises(ConfigError, match=r"algo\.reward_model\.kwargs: .*sclae"):
-        check_run_config(cfg)
+        check_runnable(cfg)
     cfg = parse_config(_config(tmp_path, {"path": RND_PATH, "kwargs": {"scale": -1}}))
     with pytest.raises(ConfigError, match=r"algo\.reward_model\.kwargs: .*scale=-1"):
-        check_run_config(cfg)
+        check_runnable(cfg)
 
 
 def test_rlfleet_up_refuses_a_bad_path_at_launch(tmp_path):

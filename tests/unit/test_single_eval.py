@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet.shared.contract.config import load_config
+from rlfleet.shared.run.config import load_config
 from rlfleet.single import run_single
 
 from .helpers import REPO
@@ -42,7 +42,7 @@ def test_a_stochastic_evaluation_is_reproducible_from_its_seed():
     import numpy as np
 
     from rlfleet.collector.rollout import evaluate
-    from rlfleet.shared.algos.base import make_policy
+    from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.envs.make import make_vector_env, run_spec
 
     cfg = load_config(REPO / "configs" / "cartpole-dqn.yaml")

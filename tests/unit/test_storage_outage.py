@@ -22,13 +22,13 @@ from redis_server import RedisServer
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.collector.service import CollectorService
 from rlfleet.collector.weights import StorageWeightSource
-from rlfleet.shared.algos.base import make_policy
+from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import decode_arrays, encode_weights
-from rlfleet.shared.contract.config import parse_config
 from rlfleet.shared.envs.make import env_spec
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.infra.storage import RedisStorage, StorageError
 from rlfleet.shared.infra.storage.directory import DirectoryStorage
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import closed_port, make_config, register, wait_for, wait_running
 

@@ -16,9 +16,12 @@ from rlfleet.learner.batching import assemble, assemble_from
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.dqn import DQN
-from rlfleet.shared.contract.config import DQNConfig, EnvConfig, parse_config
+from rlfleet.shared.algos.dqn.config import DQNConfig
+from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.frames import pack, unpack
-from rlfleet.shared.envs.make import EnvSpec, env_spec
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.envs.make import env_spec
+from rlfleet.shared.run.config import parse_config
 
 from .helpers import collector_and_learner, make_config, ok, report, wait_for
 
@@ -186,7 +189,7 @@ def test_dqn_bootstraps_with_the_batch_discount():
 
 def test_cql_inherits_the_n_step_target():
     from rlfleet.shared.algos.cql import CQL
-    from rlfleet.shared.contract.config import CQLConfig
+    from rlfleet.shared.algos.cql.config import CQLConfig
 
     spec = EnvSpec(obs_shape=(2,), n_actions=3)
     t = BatchTransforms(n_step=3, gamma=0.5)
@@ -389,13 +392,13 @@ def test_the_data_process_hands_over_n_step_batches(coordinator, task_sink):
 def test_her_on_an_env_without_goals_is_refused_at_launch_naming_the_field():
     """`rlfleet up` checks without building the policy (no torch): the env's spec says it
     has no goals, so the run never starts its workers."""
-    from rlfleet.shared.algos.base import check_run_config
     from rlfleet.shared.contract.config import ConfigError
+    from rlfleet.shared.run.check import check_runnable
 
     cfg = parse_config(make_config(algo={"her": {"strategy": "future", "k": 4}}))
     with pytest.raises(ConfigError, match=r"algo.her: .*goal-conditioned"):
-        check_run_config(cfg, build=False)
+        check_runnable(cfg, build=False)
     goal = parse_config(make_config(algo={"her": {"strategy": "future", "k": 4}},
                                     env={"id": "rlfleet/BitFlip-v0", "kwargs": {"n_bits": 5},
                                          "num_envs": 2}))
-    check_run_config(goal, build=False)
+    check_runnable(goal, build=False)

@@ -106,6 +106,27 @@ class DuelingDQN(DQN):
 NOT_A_POLICY = 42
 
 
+class GroupDQNWithoutArgument(DQN):
+    """A hook with the wrong signature: the learner calls `set_reducer(reducer)`."""
+
+    def set_reducer(self) -> None:  # type: ignore[override]
+        self.reducer = None
+
+
+class HalfNormalizingDQN(DQN):
+    """Defines one of NormalizesObservations' members: the collector would never call it."""
+
+    def preprocess(self, obs: np.ndarray) -> np.ndarray:
+        return obs / 2.0
+
+
+class MisspeltHookDQN(DQN):
+    """`merge_obs_stat`: one letter short of a hook, which would never be called."""
+
+    def merge_obs_stat(self, moments) -> None:
+        pass
+
+
 class TwoObjectiveWalk(LineWalk):
     """LineWalk with a vector reward: (progress reward, -0.01 energy per step)."""
 

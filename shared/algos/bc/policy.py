@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlfleet.shared.algos.adam import FusedAdam
-from rlfleet.shared.algos.base import ActOutput, LearnOutput, Reducer
-from rlfleet.shared.algos.dqn import QNetwork, masked_q
+from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Reducer
+from rlfleet.shared.algos.bc.config import BCConfig
+from rlfleet.shared.algos.dqn.policy import QNetwork, masked_q
 from rlfleet.shared.algos.nets import (
     as_obs_tensor,
     clip_grad_norm,
@@ -26,12 +26,13 @@ from rlfleet.shared.algos.nets import (
     optimizer_state,
     sum_gradients,
 )
-from rlfleet.shared.contract.config import BCConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.optim import adam
+from rlfleet.shared.contract.spec import EnvSpec
 
 
 class BehaviourCloning:
     on_policy: ClassVar[bool] = False
+    rng: np.random.Generator  # draws the stochastic evaluation's actions (SeededActing)
 
     def __init__(self, cfg: BCConfig, spec: EnvSpec, seed: int = 0) -> None:
         torch.manual_seed(seed)
@@ -43,16 +44,16 @@ class BehaviourCloning:
             self.low = torch.as_tensor(spec.action_low, dtype=torch.float32)
             self.high = torch.as_tensor(spec.action_high, dtype=torch.float32)
         self._params = list(self.net.parameters())
-        self._optimizer: FusedAdam | None = None
+        self._optimizer: Optimizer | None = None
         self.rng = np.random.default_rng(seed)
         self.version = -1
         self.train_iterations = 0
         self.reducer: Reducer | None = None
 
     @property
-    def optimizer(self) -> FusedAdam:
+    def optimizer(self) -> Optimizer:
         if self._optimizer is None:  # only a learner steps it
-            self._optimizer = FusedAdam(self.net.parameters(), lr=self.cfg.lr)
+            self._optimizer = adam(self.net.parameters(), lr=self.cfg.lr)
         return self._optimizer
 
     def set_reducer(self, reducer: Reducer | None) -> None:

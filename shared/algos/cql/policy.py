@@ -5,7 +5,7 @@ them, and the max in the target picks exactly those. CQL adds
 `alpha * (logsumexp_a Q(s, a) - Q(s, a_data))` to the TD loss, which pushes every action's
 value down and the dataset's action's back up, so the greedy policy stays on the data's
 support. Everything else (double-DQN target, Huber loss, target copies, acting, checkpoints)
-is `rlfleet.shared.algos.dqn.DQN`'s.
+is DQN's (`shared/algos/dqn/policy.py`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from rlfleet.shared.algos.base import LearnOutput
-from rlfleet.shared.algos.dqn import DQN, masked_q
-from rlfleet.shared.contract.config import CQLConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.cql.config import CQLConfig
+from rlfleet.shared.algos.dqn.policy import DQN, masked_q
+from rlfleet.shared.contract.spec import EnvSpec
 
 
 class CQL(DQN):

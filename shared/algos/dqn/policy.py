@@ -22,20 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlfleet.shared.algos.adam import FusedAdam
-from rlfleet.shared.algos.base import ActOutput, LearnOutput, Reducer
+from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Reducer
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.nets import (
     NatureCNN,
     as_obs_tensor,
     clip_grad_norm,
-    is_image,
     load_optimizer_state,
     mlp,
     optimizer_state,
     sum_gradients,
 )
-from rlfleet.shared.contract.config import DQNConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.optim import adam
+from rlfleet.shared.contract.spec import EnvSpec, is_image
 
 
 class QNetwork(nn.Module):
@@ -72,12 +71,13 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 
 class DQN:
     on_policy: ClassVar[bool] = False
+    rng: np.random.Generator  # the acting stream (SeededActing)
 
     def __init__(self, cfg: DQNConfig, spec: EnvSpec, seed: int = 0) -> None:
         if not spec.discrete:
             raise ValueError(f"algo.name='dqn' needs a discrete action space; this env has "
                              f"continuous actions of shape {spec.action_shape}")
-        if getattr(cfg, "her", None) is not None and spec.goal is None:
+        if cfg.her is not None and spec.goal is None:
             raise ValueError("algo.her needs a goal-conditioned env (observations "
                              "Dict(observation, achieved_goal, desired_goal))")
         torch.manual_seed(seed)
@@ -87,7 +87,7 @@ class DQN:
         self.target = QNetwork(spec, cfg.hidden_sizes)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
-        self._optimizer: torch.optim.Optimizer | FusedAdam | None = None  # see `optimizer`
+        self._optimizer: Optimizer | None = None  # see `optimizer`
         self._params = list(self.q.parameters())
         self.rng = np.random.default_rng(seed)
         self.version = -1
@@ -95,16 +95,14 @@ class DQN:
         self.reducer: Reducer | None = None
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer | FusedAdam:
-        """Made on first use: only a learner ever steps it. `FusedAdam` is torch's fused Adam
-        kernel without `torch.optim` (which imports torch._dynamo and sympy: 70 MB in every
-        learner); see `shared/algos/adam.py`."""
+    def optimizer(self) -> Optimizer:
+        """Made on first use: only a learner ever steps it (`shared/algos/optim.py`)."""
         if self._optimizer is None:
-            self._optimizer = FusedAdam(self.q.parameters(), lr=self.cfg.lr)
+            self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
         return self._optimizer
 
     @optimizer.setter
-    def optimizer(self, optimizer: torch.optim.Optimizer | FusedAdam) -> None:
+    def optimizer(self, optimizer: Optimizer) -> None:
         """A subclass may bring its own (for a network of its own)."""
         self._optimizer = optimizer
 
@@ -154,6 +152,11 @@ class DQN:
 
     def bootstrap(self, obs: np.ndarray) -> None:
         return None  # one-step targets come from next_obs in the learner
+
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(s, .) of the online network, without gradients (QValues)."""
+        with torch.inference_mode():
+            return self.q(obs)
 
     def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         self.q.load_state_dict(state)

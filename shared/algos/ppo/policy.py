@@ -21,13 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.shared.algos.adam import FusedAdam
-from rlfleet.shared.algos.base import ActOutput, LearnOutput, Reducer
+from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Reducer
 from rlfleet.shared.algos.nets import (
     NatureCNN,
     as_obs_tensor,
     clip_grad_norm,
-    is_image,
     load_optimizer_state,
     mlp,
     optimizer_state,
@@ -35,8 +33,9 @@ from rlfleet.shared.algos.nets import (
     sum_gradients,
 )
 from rlfleet.shared.algos.obsnorm import ObsNormalizer
-from rlfleet.shared.contract.config import PPOConfig
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.optim import adam
+from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.contract.spec import EnvSpec, is_image
 from rlfleet.shared.util.moments import RunningMoments
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -165,7 +164,7 @@ class PPO:
                                ObsNormalizer(spec.obs_shape, cfg.obs_clip) if cfg.obs_norm
                                else None)
         self._params = list(self.net.parameters())
-        self._optimizer: torch.optim.Optimizer | FusedAdam | None = None  # see `optimizer`
+        self._optimizer: Optimizer | None = None  # see `optimizer`
         # Sampling and minibatch shuffling draw from a generator of their own, so a seed gives
         # the same actions however much other code touches torch's global generator.
         self.gen = torch.Generator().manual_seed(seed)
@@ -175,16 +174,15 @@ class PPO:
         self.reducer: Reducer | None = None
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer | FusedAdam:
-        """Made on first use: only a learner ever steps it. eps 1e-5 as in CleanRL.
-        `FusedAdam` is torch's fused Adam kernel without `torch.optim` (which imports
-        torch._dynamo and sympy: 70 MB in every learner); see `shared/algos/adam.py`."""
+    def optimizer(self) -> Optimizer:
+        """Made on first use: only a learner ever steps it (`shared/algos/optim.py`); eps
+        1e-5 as in CleanRL."""
         if self._optimizer is None:
-            self._optimizer = FusedAdam(self._params, lr=self.cfg.lr, eps=1e-5)
+            self._optimizer = adam(self._params, lr=self.cfg.lr, eps=1e-5)
         return self._optimizer
 
     @optimizer.setter
-    def optimizer(self, optimizer: torch.optim.Optimizer | FusedAdam) -> None:
+    def optimizer(self, optimizer: Optimizer) -> None:
         """A subclass may bring its own (for a network of its own)."""
         self._optimizer = optimizer
 

@@ -30,17 +30,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfleet.shared.algos.adam import FusedAdam
 from rlfleet.shared.algos.base import Reducer
 from rlfleet.shared.algos.nets import (
     NatureCNN,
     gradients,
-    is_image,
     load_optimizer_state,
     mlp,
     optimizer_state,
 )
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.algos.optim import adam
+from rlfleet.shared.algos.rnd.config import RNDConfig
+from rlfleet.shared.contract.spec import EnvSpec, is_image
 from rlfleet.shared.util.moments import RunningMoments
 
 
@@ -52,16 +52,14 @@ def _embedder(spec: EnvSpec, hidden: tuple[int, ...], out: int) -> nn.Module:
 
 
 class RND:
-    """`algo.reward_model: {path: rlfleet.shared.algos.rnd:RND, kwargs: {scale: ..., ...}}`."""
+    """`algo.reward_model: {path: rnd, kwargs: {scale: ..., ...}}`; the kwargs are
+    `RNDConfig`'s."""
 
     def __init__(self, spec: EnvSpec, seed: int = 0, *, scale: float = 1.0,
                  hidden_sizes: tuple[int, ...] | list[int] = (64, 64), embedding_size: int = 64,
                  lr: float = 1e-3, obs_clip: float = 5.0, extrinsic: float = 1.0) -> None:
-        if scale < 0 or extrinsic < 0:
-            raise ValueError(f"scale={scale} and extrinsic={extrinsic} must be >= 0")
-        if lr <= 0 or obs_clip <= 0 or embedding_size < 1:
-            raise ValueError(f"lr={lr}, obs_clip={obs_clip} and embedding_size="
-                             f"{embedding_size} must be positive")
+        RNDConfig(scale=scale, hidden_sizes=tuple(hidden_sizes), embedding_size=embedding_size,
+                  lr=lr, obs_clip=obs_clip, extrinsic=extrinsic)  # raises naming the field
         self.spec = spec
         self.scale = float(scale)
         self.extrinsic = float(extrinsic)
@@ -74,7 +72,7 @@ class RND:
             self.predictor = _embedder(spec, hidden, embedding_size)
         self.target.requires_grad_(False)
         self._params = list(self.predictor.parameters())
-        self.optimizer = FusedAdam(self._params, lr=lr)
+        self.optimizer = adam(self._params, lr=lr)
         self.obs_moments = RunningMoments.empty(spec.obs_shape)
         self.int_moments = RunningMoments.empty(())
         self.reducer: Reducer | None = None

@@ -7,12 +7,11 @@ A bot is an `Actor` (observation, action mask -> action) made for one game from 
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
 from rlfleet.shared.envs.games.match import Actor, GameError, random_actor
 from rlfleet.shared.envs.games.tictactoe import board_from_planes, perfect_move
+from rlfleet.shared.util.imports import ImportPathError, load_object
 
 
 def perfect_actor(rng: np.random.Generator) -> Actor:
@@ -32,7 +31,7 @@ def make_bot(bot: str, env_id: str, rng: np.random.Generator) -> Actor:
     if not attr:
         raise GameError(f"bot {bot!r}: use 'random', 'perfect' or 'package.module:make_bot'")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        factory = load_object(bot, "league.bots")
+    except ImportPathError as err:
         raise GameError(f"bot {bot!r}: cannot import it ({err})") from err
     return factory(env_id, rng)

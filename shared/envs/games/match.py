@@ -10,14 +10,14 @@ view, so the same actor can play first or second, and itself.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from rlfleet.shared.envs.make import EnvSpec
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.util.imports import ImportPathError, load_object
 
 Outcome = Literal["win", "draw", "loss"]
 Actor = Callable[[np.ndarray, np.ndarray], int]  # (observation, action mask) -> action
@@ -40,8 +40,8 @@ def make_game(env_id: str, **kwargs: Any) -> Any:
         raise GameError(f"env id {env_id!r}: use one of {sorted(CLASSIC)} or "
                         "'module:callable' for your own PettingZoo AEC env")
     try:
-        make = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        make = load_object(target, "env.id")
+    except ImportPathError as err:
         raise GameError(f"env id {env_id!r}: cannot import {target!r} ({err}); the classic "
                         "games need the games extra: pip install -e '.[games]'") from err
     env = make(**kwargs)

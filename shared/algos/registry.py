@@ -1,0 +1,67 @@
+"""The built-in algorithms and reward models: one line each.
+
+Adding an algorithm is adding its folder (`rlfleet/shared/algos/<name>/`: `config.py`,
+`policy.py`, and `SPEC` in `__init__.py`) and its line here; nothing else in the system
+knows its rules (docs/algorithms/your-own.md walks through one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlfleet.shared.algos import bc, cql, dqn, ppo, rnd
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import missing_policy_members
+from rlfleet.shared.algos.spec import AlgoSpec, RewardModelSpec
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.util.imports import ImportPathError, load_object
+
+ALGORITHMS: dict[str, AlgoSpec] = {spec.name: spec for spec in (
+    dqn.SPEC,
+    cql.SPEC,
+    bc.SPEC,
+    ppo.SPEC,
+)}
+
+REWARD_MODELS: dict[str, RewardModelSpec] = {spec.name: spec for spec in (
+    rnd.SPEC,
+)}
+
+
+def algo_spec(name: str) -> AlgoSpec:
+    """The spec of the algorithm `algo.name` names."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"algo.name={name!r} is not one of {sorted(ALGORITHMS)}") from None
+
+
+def policy_class(algo_cfg: Any) -> type:
+    """The class a config's `algo` section names: `algo.policy` if set (checked to have the
+    `Policy` members), else the built-in algorithm of `algo.name`."""
+    if algo_cfg.policy:
+        cls = load_object(algo_cfg.policy, "algo.policy")
+        missing = missing_policy_members(cls) if isinstance(cls, type) else []
+        if not isinstance(cls, type) or missing:
+            raise ImportPathError(f"algo.policy={algo_cfg.policy!r} is not a Policy class"
+                                  + (f": it lacks {', '.join(missing)}" if missing else ""))
+        return cls
+    return algo_spec(algo_cfg.name).policy_class()
+
+
+def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
+    """The policy of a config's `algo` section, built for an env."""
+    return policy_class(algo_cfg)(algo_cfg, spec, seed)
+
+
+def reward_model_spec(path: str) -> RewardModelSpec | None:
+    """The built-in reward model `algo.reward_model.path` names (by name, or by its class's
+    import path), or None for a user's own."""
+    if path in REWARD_MODELS:
+        return REWARD_MODELS[path]
+    for spec in REWARD_MODELS.values():
+        module, _, attr = spec.model.partition(":")
+        package = module.rsplit(".", 1)[0]
+        if path in (spec.model, f"{package}:{attr}"):
+            return spec
+    return None

@@ -1,0 +1,117 @@
+"""Objects named by import path (`package.module:attr`), as configs name a user's env, policy,
+reward model or bot.
+
+Paths written before the package was `rlfleet` (`shared.algos.rnd:RND`, in configs and in
+every run directory's saved `config.yaml`) still resolve: `load_object` reads them as the
+module's new name and warns once per path, naming the path to write instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+class ImportPathError(ValueError):
+    """An import path (`package.module:attr`) that does not lead to an object."""
+
+
+class RlfleetDeprecationWarning(DeprecationWarning):
+    """Something rlfleet still accepts but will stop accepting; shown once per thing."""
+
+
+# Shown by default (Python hides DeprecationWarning outside __main__): a user whose config
+# names an old path should see what to write instead.
+warnings.simplefilter("always", RlfleetDeprecationWarning)
+
+# Where the modules of the package's first layout live now. The top-level names `shared`,
+# `services`, `coordinator`, `collector` and `learner` are no longer installed.
+MOVED_MODULES = {
+    "shared.algos.adam": "rlfleet.shared.algos.adam",
+    "shared.algos.base": "rlfleet.shared.algos.base",
+    "shared.algos.bc": "rlfleet.shared.algos.bc",
+    "shared.algos.cql": "rlfleet.shared.algos.cql",
+    "shared.algos.dqn": "rlfleet.shared.algos.dqn",
+    "shared.algos.nets": "rlfleet.shared.algos.nets",
+    "shared.algos.obsnorm": "rlfleet.shared.algos.obsnorm",
+    "shared.algos.ppo": "rlfleet.shared.algos.ppo",
+    "shared.algos.reward_model": "rlfleet.shared.algos.reward_model",
+    "shared.algos.rnd": "rlfleet.shared.algos.rnd",
+    "shared.bitflip": "rlfleet.shared.envs.bitflip",
+    "shared.datasets": "rlfleet.shared.data.datasets",
+    "shared.envpool_vec": "rlfleet.shared.envs.envpool_vec",
+    "shared.envs": "rlfleet.shared.envs.make",
+    "shared.games.bots": "rlfleet.shared.envs.games.bots",
+    "shared.games.match": "rlfleet.shared.envs.games.match",
+    "shared.games.tictactoe": "rlfleet.shared.envs.games.tictactoe",
+    "shared.goals": "rlfleet.shared.envs.goals",
+    "shared.moments": "rlfleet.shared.util.moments",
+    "shared.rundata": "rlfleet.shared.telemetry.rundata",
+    "shared.video": "rlfleet.shared.telemetry.video",
+}
+_OLD_TOP_LEVEL = ("shared", "services", "coordinator", "collector", "learner")
+_warned: set[str] = set()
+
+
+def _our_old_folder(top: str) -> bool:
+    """Whether the top-level name `top` finds one of rlfleet's own folders (the repository's
+    `shared/`, seen from a directory on the path): importing it would load our modules a
+    second time under another name. A user's own package of that name is theirs."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    found = {Path(p).resolve() for p in spec.submodule_search_locations}
+    ours = {Path(p).resolve() for name in ("rlfleet", "rlfleet.shared", "rlfleet.coordinator",
+                                          "rlfleet.collector", "rlfleet.learner")
+            for p in importlib.import_module(name).__path__}
+    return bool(found & ours)
+
+
+def current_path(path: str) -> str | None:
+    """The path to write today for a path in the package's first layout, or None when
+    `path` is not one."""
+    module, sep, attr = path.partition(":")
+    if module.split(".")[0] not in _OLD_TOP_LEVEL:
+        return None
+    new = MOVED_MODULES.get(module)
+    if new is None:
+        return None
+    return f"{new}{sep}{attr}"
+
+
+def load_object(path: str, what: str) -> Any:
+    """The object `path` names; the error says what was looked up and what failed.
+    `what` names the config field, e.g. "algo.policy"."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImportPathError(f"{what}={path!r}: expected 'package.module:attr'")
+    moved = current_path(path)
+    if moved is None and module_name.split(".")[0] in _OLD_TOP_LEVEL \
+            and _our_old_folder(module_name.split(".")[0]):
+        raise ImportPathError(f"{what}={path!r}: rlfleet's modules are under 'rlfleet.' now, "
+                              f"and {module_name!r} is not one that moved there")
+    if moved is not None:
+        if path not in _warned:
+            _warned.add(path)
+            warnings.warn(f"{what}={path!r} is an old import path: write {moved!r}",
+                          RlfleetDeprecationWarning, stacklevel=2)
+        module_name, _, attr = moved.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ImportPathError(f"{what}={path!r}: cannot import module {module_name!r} "
+                              f"({err})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ImportPathError(f"{what}={path!r}: module {module_name!r} has no attribute "
+                                  f"{attr!r}") from None
+    return obj
