@@ -27,7 +27,8 @@ def create_app(cfg: RunConfig, storage_url: str, run_dir: str | Path | None = No
     app.extensions["rlfleet"] = coordinator
     app.register_blueprint(bp)
     static = install_dashboard(app)
-    install_metrics(app, coordinator)  # first: its timer also sees the requests refused below
+    # first: its timer also sees the requests refused below
+    install_metrics(app, coordinator.readout)
     if not install_token_guard(app, load_token(), static=static):
         log.warning("no API token (%s or %s): every endpoint is open to anyone who can reach "
                     "this port", TOKEN_ENV, TOKEN_FILE_ENV)

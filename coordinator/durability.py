@@ -13,10 +13,11 @@ chunk deleted that way is refused if its report turns up late: its bytes are gon
 writes the periodic snapshots: a storage call can hang for its whole retry window while
 storage is unreachable, and the scheduler must go on reaping silent workers meanwhile.
 
-`Durability` keeps no run state of its own beyond this bookkeeping. The coordinator lends it
-the replay, its condition lock (which guards the replay and the run's counters) and a few
-callbacks: the counters a snapshot saves, how to put them back, and how to index journalled
-chunks. So this module never imports the coordinator.
+`Durability` keeps no run state of its own beyond this bookkeeping. It is handed the replay
+and the run's `CoordinatorState` (whose lock guards the replay and the counters, and whose
+`snapshot()`/`restore()` are the counters' part of a snapshot), and two callbacks that
+replay the journal: how to index journalled chunks, and how to replay a journalled event.
+So this module never imports the coordinator.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rlfleet.coordinator.replay import Replay
+from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.shared.contract.schemas import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
 from rlfleet.shared.run.config import RunConfig
@@ -41,6 +43,7 @@ _SNAPSHOT = "snapshot"  # the janitor's cue to save a snapshot
 _FOREVER = 1 << 62
 
 Accept = Callable[[list[ChunkMeta], str], tuple[list[ChunkMeta], list[str]]]
+ReplayEvent = Callable[[dict], list[str]]
 
 
 def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
@@ -51,31 +54,26 @@ def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
 class Durability:
     """The coordinator's journal, snapshots and janitor.
 
-    `counters()` returns what a snapshot saves beside the buffers (called under `cond`);
-    `restore_counters(counters)` puts it back; `accept(metas, worker_id)` indexes journalled
-    chunks and counts them, returning (fresh, dead ids) (called under `cond`); `env_steps()`
-    is the run's env step count, for the restore's log line."""
+    `accept(metas, worker_id)` indexes journalled chunks and counts them, returning (fresh,
+    dead ids); `on_event(event)` replays a journalled event (`journal_event`), returning the
+    ids of chunks it released. A restore calls both under `state.cond`."""
 
     def __init__(self, cfg: RunConfig, storage: Storage, storage_url: str,
-                 clock: Callable[[], float], cond: threading.Condition, replay: Replay, *,
-                 counters: Callable[[], dict], restore_counters: Callable[[dict], None],
-                 accept: Accept, env_steps: Callable[[], int],
-                 on_event: Callable[[dict], None] | None = None) -> None:
+                 state: CoordinatorState, replay: Replay, *, accept: Accept,
+                 on_event: ReplayEvent | None = None) -> None:
         self.cfg = cfg
         self.storage = storage
         self.storage_url = storage_url
-        self.clock = clock
+        self.clock = state.clock
         self.replay = replay
-        self._cond = cond
-        self._counters = counters
-        self._restore_counters = restore_counters
+        self.state = state
+        self._cond = state.cond
         self._accept = accept
-        self._env_steps = env_steps
-        self._on_event = on_event  # replays a journalled event (`journal_event`)
+        self._on_event = on_event
         self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
         self._janitor = threading.Thread(target=self._janitor_loop, name="janitor", daemon=True)
         self._started = False
-        self._last_snapshot = clock()
+        self._last_snapshot = self.clock()
         self._snapshot_cued = False  # a snapshot cue waits for the janitor, or is being run
         self._closing = threading.Event()  # no snapshot may follow the final one
         self._snapshot_lock = threading.Lock()
@@ -85,7 +83,7 @@ class Durability:
         # Orders journal appends against each other and against a snapshot's copy, so a
         # snapshot never misses a chunk that went into an older journal.
         self._journal_lock = threading.Lock()
-        self._last_gc = clock()
+        self._last_gc = self.clock()
         self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
         self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
         self.orphans_deleted = 0
@@ -191,7 +189,7 @@ class Durability:
             if self._closing.is_set() and not final:
                 return
             with self._journal_lock, self._cond:
-                state, counters = self.replay.snapshot(), self._counters()
+                state, counters = self.replay.snapshot(), self.state.snapshot()
                 self.replay.generation += 1  # later reports go to the next journal
                 generation = self.replay.generation
                 with self._pending_lock:
@@ -224,7 +222,7 @@ class Durability:
                 log.info("no snapshot in %s: starting a fresh run", self.storage_url)
                 return False
             if counters is not None:
-                self._restore_counters(counters)
+                self.state.restore(counters)
             start = self.replay.generation
             replayed = 0
             for generation in generations:
@@ -234,14 +232,14 @@ class Durability:
                     record = json.loads(raw)
                     if "event" in record:
                         if self._on_event is not None:
-                            self._on_event(record["event"])
+                            self.release(self._on_event(record["event"]))
                         continue
                     metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
                     fresh, dead = self._accept(metas, record["worker_id"])  # dedups
                     replayed += len(fresh)
                     self.release(dead)
             self.replay.generation = max([start, *generations])
-        env_steps = self._env_steps()
+        env_steps = self.state.env_steps
         self.restored_from = {"generation": start, "journalled_chunks": replayed,
                               "env_steps": env_steps}
         log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "

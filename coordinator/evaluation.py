@@ -168,8 +168,8 @@ class EvaluationSchedule:
     def report(self, req: EvaluationReport, env_steps: int, train_iterations: int,
                wall_time: float, record: Callable[[EvaluationResult], None]
                ) -> EvaluationResult:
-        """Summarise a report the coordinator has checked and keep it; `record` is the run's
-        logger, which the coordinator owns (it is created only after a restore)."""
+        """Summarise a report the coordinator has checked and keep it; `record` writes it to
+        the run's logger, which the coordinator owns."""
         det = summarise_episodes(req.deterministic)
         sto = summarise_episodes(req.stochastic) if req.stochastic else None
         result = EvaluationResult(

@@ -94,19 +94,18 @@ def eval_opponents(league: League) -> list[Opponent]:
 
 
 class Matchmaker:
-    """`journal(event, change)` writes one league change to the coordinator's journal, then
-    makes it (`change()`) before any snapshot of the run can be copied, raising
-    `StorageError` (and changing nothing) if the journal cannot be written. The
-    coordinator's restore replays such events through `apply`."""
+    """A league change goes through the coordinator's journal (a `Journal`, handed to
+    `maybe_snapshot`): `journal(event, change)` writes the event, then makes the change
+    (`change()`) before any snapshot of the run can be copied, raising `StorageError` (and
+    changing nothing) if the journal cannot be written. The coordinator's restore replays
+    such events through `apply`."""
 
-    def __init__(self, cfg: RunConfig, storage: Storage, run_dir: Path | None,
-                 journal: Journal) -> None:
+    def __init__(self, cfg: RunConfig, storage: Storage, run_dir: Path | None) -> None:
         assert cfg.league is not None
         self.settings = cfg.league
         self.storage = storage
         self.run_dir = run_dir
         self.league = League(cfg.league)
-        self._journal = journal
         self._rng = np.random.default_rng(cfg.seed * 7 + 11)
         self._rng_lock = threading.Lock()
         self._snapshotting = threading.Lock()  # one copy at a time
@@ -139,15 +138,17 @@ class Matchmaker:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def maybe_snapshot(self, policy_version: int) -> None:
-        """Start a snapshot of the main player if one is due (the scheduler's tick)."""
+    def maybe_snapshot(self, policy_version: int, journal: Journal) -> None:
+        """Start a snapshot of the main player if one is due (the scheduler's tick); it joins
+        the league through `journal`."""
         if policy_version < 0 or not self.league.snapshot_due(policy_version):
             return
         if not self._snapshotting.acquire(blocking=False):
             return  # one is being taken
-        threading.Thread(target=self._snapshot, name="league-snapshot", daemon=True).start()
+        threading.Thread(target=self._snapshot, args=(journal,), name="league-snapshot",
+                         daemon=True).start()
 
-    def _snapshot(self) -> None:
+    def _snapshot(self, journal: Journal) -> None:
         try:
             got = self.storage.get_weights()
             if got is None:
@@ -157,8 +158,8 @@ class Matchmaker:
                 return
             self.storage.put_blob(snapshot_blob(version), blob)
             before = {p.name: p.policy_version for p in self.league.snapshots()}
-            self._journal({"kind": "snapshot", "version": version},
-                          lambda: self.league.add_snapshot(version))
+            journal({"kind": "snapshot", "version": version},
+                    lambda: self.league.add_snapshot(version))
             after = {p.name for p in self.league.snapshots()}
             log.info("league: snapshot of policy version %d joins (%d snapshots)", version,
                      len(after))

@@ -2,8 +2,8 @@
 
 Every app gets a `CollectorRegistry` of its own (never the global default one), so several
 apps in one process (the tests, a pytest client next to a server) do not clash over names.
-HTTP metrics are kept by request hooks; the run's state is read from the `Coordinator` only
-when Prometheus scrapes, by a custom collector, so requests pay nothing for it.
+HTTP metrics are kept by request hooks; the run's state is read from the coordinator's
+`Readout` only when Prometheus scrapes, by a custom collector, so requests pay nothing for it.
 
 One process serves the coordinator (see `services/serve.py`), so the
 in-process registry sees every request; more worker processes would need prometheus_client's
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import (
@@ -26,10 +26,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rlfleet.shared.contract.schemas import Role
-
-if TYPE_CHECKING:
-    from rlfleet.coordinator.service import Coordinator
+from rlfleet.coordinator.readout import Readout
 
 EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
 UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)
@@ -42,67 +39,54 @@ _START = "_rlfleet_prometheus_start"  # attribute of `flask.g`
 
 
 class CoordinatorCollector:
-    """The run's state, read at scrape time. The replay's buffers are not thread-safe, so
-    their sizes are read under the coordinator's condition lock (the one `status()` takes
-    around the replay), and the counters with them, so one scrape describes one moment.
-    It copies a few numbers and never calls `status()`, whose `replay.stats()` would add
-    ticks to the buffers' rate windows with every scrape."""
+    """The run's state, read at scrape time: one `Readout.scrape()`, a few numbers copied
+    under the state's lock, formatted here."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, readout: Readout) -> None:
+        self.readout = readout
 
     def collect(self) -> Iterator[Metric]:
-        c = self.coordinator
-        with c._cond:  # private, but it is the lock that guards the replay and counters
-            buffers = {name: len(buf) for name, buf in c.replay.buffers.items()}
-            chunks = len(c.replay.registry)
-            env_steps, iterations = c.env_steps, c.train_iterations
-            version, accepted, episodes = c.policy_version, c.chunks_accepted, c.episodes
-            solved, stopped = c.solved, c.stopped
-            released = dict(c.replay.released_by)
-        evaluations = c.eval_schedule.evaluations
-        latest = evaluations[-1] if evaluations else None  # a deque: [-1] is atomic
+        s = self.readout.scrape()
 
         alive = GaugeMetricFamily("rlfleet_workers_alive", "Workers alive, by role.",
                                   labels=["role"])
-        counts = dict.fromkeys(Role, 0)
-        for w in c.members.alive():
-            counts[w.role] += 1
-        for role, n in counts.items():
+        for role, n in s.workers_alive.items():
             alive.add_metric([role.value], n)
         yield alive
 
         size = GaugeMetricFamily("rlfleet_buffer_size", "Items held per named buffer "
                                  "(queue buffers: transitions queued).", labels=["buffer"])
-        for name, n in buffers.items():
+        for name, n in s.buffer_sizes.items():
             size.add_metric([name], n)
         yield size
         yield GaugeMetricFamily("rlfleet_buffer_chunks",
-                                "Chunks some buffer refers to.", value=chunks)
+                                "Chunks some buffer refers to.", value=s.buffer_chunks)
 
         yield CounterMetricFamily("rlfleet_env_steps_total",
-                                  "Env steps in accepted chunks.", value=env_steps)
+                                  "Env steps in accepted chunks.", value=s.env_steps)
         yield CounterMetricFamily("rlfleet_train_iterations_total",
-                                  "Train iterations the learner reported.", value=iterations)
+                                  "Train iterations the learner reported.",
+                                  value=s.train_iterations)
         yield GaugeMetricFamily("rlfleet_policy_version",
                                 "Latest policy version published (-1: none yet).",
-                                value=version)
+                                value=s.policy_version)
         yield CounterMetricFamily("rlfleet_chunks_accepted_total",
                                   "Chunks accepted (duplicates are not counted).",
-                                  value=accepted)
+                                  value=s.chunks_accepted)
         yield CounterMetricFamily("rlfleet_episodes_total",
-                                  "Episodes finished in accepted chunks.", value=episodes)
+                                  "Episodes finished in accepted chunks.", value=s.episodes)
         gone = CounterMetricFamily("rlfleet_chunks_released_total",
                                    "Acknowledged chunks no buffer holds any more, by reason "
                                    "(evicted, consumed, dropped/<why>): the ledger.",
                                    labels=["reason"])
-        for reason, n in sorted(released.items()):
+        for reason, n in sorted(s.released.items()):
             gone.add_metric([reason], n)
         yield gone
         yield CounterMetricFamily("rlfleet_chunks_orphaned_total",
                                   "Chunks written but never announced, deleted by GC.",
-                                  value=c.durability.orphans_deleted)
+                                  value=s.orphans_deleted)
 
+        latest = s.latest_evaluation
         if latest is not None:  # absent, not 0, before the first evaluation
             ev = GaugeMetricFamily("rlfleet_eval_return_mean",
                                    "Mean return of the latest evaluation, by mode.",
@@ -113,8 +97,8 @@ class CoordinatorCollector:
                     ev.add_metric([mode], summary.return_mean)
             yield ev
             summaries = {mode: getattr(latest, mode) for mode in ("deterministic", "stochastic")}
-            rates = {mode: s.success_rate for mode, s in summaries.items()
-                     if s is not None and s.success_rate is not None}
+            rates = {mode: summary.success_rate for mode, summary in summaries.items()
+                     if summary is not None and summary.success_rate is not None}
             if rates:  # goal-conditioned envs only: absent, not 0, for the others
                 success = GaugeMetricFamily("rlfleet_eval_success_rate",
                                             "Share of the latest evaluation's episodes that "
@@ -123,18 +107,15 @@ class CoordinatorCollector:
                     success.add_metric([mode], rate)
                 yield success
 
-        yield from self._learner_group(c)
+        yield from self._learner_group(s.learner_group)
         yield GaugeMetricFamily("rlfleet_run_solved",
                                 "1 once an evaluation reached the stop value.",
-                                value=int(solved))
+                                value=int(s.solved))
         yield GaugeMetricFamily("rlfleet_run_stopped", "1 once the run is stopping.",
-                                value=int(stopped))
-
+                                value=int(s.stopped))
 
     @staticmethod
-    def _learner_group(c: Coordinator) -> Iterator[Metric]:
-        with c._cond:
-            group = c.group.status(c.started_at)
+    def _learner_group(group: dict[str, Any]) -> Iterator[Metric]:
         yield GaugeMetricFamily("rlfleet_learner_group_generation",
                                 "Generation of the learner group (one per re-formation).",
                                 value=group["generation"])
@@ -188,13 +169,13 @@ def _instrument_requests(app: Flask, registry: CollectorRegistry) -> None:
         return response
 
 
-def install_metrics(app: Flask, coordinator: Coordinator) -> CollectorRegistry:
+def install_metrics(app: Flask, readout: Readout) -> CollectorRegistry:
     """Instrument `app`, register the run-state collector and serve `GET /metrics` at the
     root (where Prometheus looks by default). Returns the app's registry, which is also kept
     in `app.extensions["rlfleet.prometheus"]`."""
     registry = CollectorRegistry()
     _instrument_requests(app, registry)
-    registry.register(CoordinatorCollector(coordinator))
+    registry.register(CoordinatorCollector(readout))
 
     def metrics() -> Response:
         return Response(generate_latest(registry), mimetype=None,

@@ -132,7 +132,9 @@ def health():
 @bp.get(f"{API}/status")
 @document(Status)
 def status():
-    return jsonify(coord().status())
+    """`schemas.Status`, dumped to plain JSON values and answered as every dict answer is
+    (Flask's JSON: sorted keys, Python's float formatting)."""
+    return jsonify(coord().status().model_dump(mode="json"))
 
 
 @bp.get(f"{API}/records")
@@ -248,8 +250,8 @@ def sample():
     req = parse_body(SampleRequest)
     chunk_ids, parts, granted, env_steps, first_seq = c.sample(req)
     fields = dict(chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
-                  train_iterations=c.train_iterations, policy_version=c.policy_version,
-                  stop=c.stopped,
+                  train_iterations=c.state.train_iterations,
+                  policy_version=c.state.policy_version, stop=c.stopped,
                   group_generation=c.group.generation if req.group_generation is not None
                   else None, first_seq=first_seq)
     if request.accept_mimetypes.best == SAMPLE_MEDIA_TYPE:
@@ -266,14 +268,13 @@ def sample():
 @bp.get(f"{API}/buffers")
 @document(BufferList)
 def list_buffers():
-    c = coord()
-    return jsonify({"buffers": c.status()["buffers"]})
+    return jsonify({"buffers": coord().readout.buffers()})
 
 
 @bp.get(f"{API}/buffers/<name>")
 @document(BufferInfo, errors=[404], path_params={"name": "the buffer's name in the config"})
 def get_buffer(name: str):
-    buffers = coord().status()["buffers"]
+    buffers = coord().readout.buffers()
     if name not in buffers:
         raise UnknownBuffer(name, "name")
     return jsonify({"name": name, **buffers[name]})
@@ -282,7 +283,7 @@ def get_buffer(name: str):
 @bp.get(f"{API}/buffers/<name>/chunks")
 @document(BufferChunks, errors=[404], path_params={"name": "the buffer's name in the config"})
 def buffer_chunks(name: str):
-    return _json(BufferChunks(name=name, chunk_ids=coord().buffer_chunks(name)))
+    return _json(BufferChunks(name=name, chunk_ids=coord().readout.buffer_chunks(name)))
 
 
 @bp.post(f"{API}/learn-info")

@@ -48,7 +48,16 @@ class _Means:
 
 
 class RunLog:
-    def __init__(self, cfg: RunConfig, run_dir: Path | None, resume_step: int | None) -> None:
+    """The run's records go to the logger from `open(resume_step)` on: a resumed run's
+    records continue from the step its snapshot was taken at, which the coordinator knows
+    only once it has restored, so it builds its run log first and opens it after the
+    restore (`open_logger=False`). Records reported before then are dropped; the coordinator
+    opens it before it serves any request."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path | None, resume_step: int | None = None,
+                 *, open_logger: bool = True) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger = None
         self._lock = threading.Lock()
         self._returns: list[float] = []
@@ -56,26 +65,34 @@ class RunLog:
         self._components: list[list[float]] = []
         self._lags: list[int] = []  # policy lag of each chunk since the last collect record
         self._timers = _Means()
-        # After a resume each scope writes its first record at once, so the gap the restart
-        # left in a curve is as short as the snapshot allows.
-        self._force = set(("collect", "train", "update", "info")) if resume_step else set()
+        self._force: set[str] = set()
         # A run that collects nothing (offline: dataset buffers only) counts no env steps;
         # its records are stepped by train iterations instead, which do advance.
         self.offline = not cfg.receiving_buffers
         self._iterations = 0
         self.feed = RecordFeed()  # the records again, for the dashboard's live curves
-        if run_dir is None:
+        if open_logger:
+            self.open(resume_step)
+
+    def open(self, resume_step: int | None) -> None:
+        """Open the run's logger: a fresh run (`resume_step` None) discards the records an
+        earlier run left in the run directory; a resumed one keeps those up to its step."""
+        # After a resume each scope writes its first record at once, so the gap the restart
+        # left in a curve is as short as the snapshot allows.
+        self._force = set(("collect", "train", "update", "info")) if resume_step else set()
+        if self.run_dir is None:
             return
         from rlfleet.shared.telemetry.logger import (
             RunLogger,  # tensorboard is a heavy import: only with a run
         )
 
-        self.logger = RunLogger(Path(run_dir), cfg.logging, cfg.name,
+        cfg = self.cfg
+        self.logger = RunLogger(self.run_dir, cfg.logging, cfg.name,
                                 cfg.model_dump(mode="json"), resume_step=resume_step)
         if resume_step is not None and cfg.logging.jsonl:
             # The records the resumed run kept (the logger has just cut metrics.jsonl back
             # to the snapshot): the page draws the curve from the start, not from the crash.
-            self.feed.seed(Path(run_dir) / JSONL_NAME)
+            self.feed.seed(self.run_dir / JSONL_NAME)
         self.logger.add_writer(self.feed)
 
     def _log(self, scope: str, step: int, scalars: Mapping[str, Any],

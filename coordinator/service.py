@@ -1,12 +1,14 @@
 """The coordinator: membership, tasks, the replay (buffers and rate limits) and the run's state.
 
 Routes (`coordinator/routes.py`) are thin: they validate a body and call one method here.
-`Coordinator` is the glue, the run's counters and the request handlers, around parts that
-each own one concern: `Membership`, `TaskTable`, `Replay`, `RunLog`, the `Commander`
-(`commander.py`: pushes tasks to workers), the `EvaluationSchedule` (`evaluation.py`),
-`Durability` (`durability.py`: the journal, snapshots, restore and the janitor) and the
-`LearnerGroup` (`learner_group.py`: generations of the data-parallel learner group and the
-shards its ranks learn from).
+`Coordinator` is the glue, the request handlers, around parts that each own one concern:
+`CoordinatorState` (`state.py`: the run's counters, the lock that guards them and the
+replay, and the snapshot format), `Membership`, `TaskTable`, `Replay`, `RunLog`, the
+`Commander` (`commander.py`: pushes tasks to workers), the `EvaluationSchedule`
+(`evaluation.py`), `Durability` (`durability.py`: the journal, snapshots, restore and the
+janitor), the `LearnerGroup` (`learner_group.py`: generations of the data-parallel learner
+group and the shards its ranks learn from) and the `Readout` (`readout.py`: what `/status`,
+the run log and Prometheus show).
 
 Its own *scheduler* thread reaps silent workers, hands the tasks of dead workers on (a main
 task waits, unassigned, for the next worker of its role; queue chunks a dead learner held go
@@ -20,7 +22,7 @@ import logging
 import threading
 import time
 import zlib
-from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from rlfleet.coordinator.admission import WorkerNetworks
@@ -34,6 +36,7 @@ from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker
 from rlfleet.coordinator.readout import Readout
 from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.coordinator.runlog import RunLog
+from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from rlfleet.shared.contract.schemas import (
     ChunkMeta,
@@ -57,6 +60,7 @@ from rlfleet.shared.contract.schemas import (
     Role,
     RunState,
     SampleRequest,
+    Status,
     TaskKind,
     TaskState,
 )
@@ -84,8 +88,15 @@ class RateLimited(Exception):
 
 
 class Coordinator:
+    """The request handlers and the scheduler, over the parts.
+
+    The parts are built in dependency order, each before anything that refers to it; a
+    resumed run (`resume=True`) is then restored into the whole, or starts fresh when
+    storage has no snapshot, and only then is the run log opened, at the step the run
+    continues from."""
+
     def __init__(self, cfg: RunConfig, storage_url: str, run_dir: str | Path | None = None,
-                 clock=time.monotonic, resume: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, resume: bool = False) -> None:
         # Whatever the coordinator shows or hands out names storage without its password
         # (workers find it themselves: shared/infra/storage/credentials.py).
         if cfg.storage and redact(cfg.storage) != cfg.storage:
@@ -96,57 +107,50 @@ class Coordinator:
         self.run_dir = Path(run_dir) if run_dir else None
         self.storage = open_storage(storage_url, cfg.name)  # the password, if any, stays here
         self.clock = clock
-        self.started_at = clock()
+        started_at = clock()
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.admission = WorkerNetworks(cfg.coordinator.worker_networks)
         self.tasks = TaskTable()
         self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
-        # Counters, guarded by `_cond` (whose lock also orders sampling against inserts).
-        self._cond = threading.Condition()
-        self.env_steps = 0
-        self.chunks_accepted = 0
-        self.episodes = 0
-        self.granted_batches = 0
-        self.train_iterations = 0
-        self.policy_version = -1
-        self.learner_metrics: dict[str, float] = {}
-        self.recent_returns: deque[float] = deque(maxlen=100)
-        self.recent_lengths: deque[int] = deque(maxlen=100)
-        self.stop_reason: str | None = None
-        self.solved = False
-        self.stopped_at: float | None = None
-        self.first_chunk_at: float | None = None  # when collection really began
-        self.paused = False  # collection paused by an operator (learners go on)
-        self.collectors_desired: int | None = None  # set by `rlfleet scale`
-        self._closing = threading.Event()
-        self._wake = threading.Event()  # an early scheduler tick
-        self._scheduler = threading.Thread(target=self._scheduler_loop, name="scheduler",
-                                           daemon=True)
-        self._started = False
         self.commander = Commander(cfg, self.members, self.tasks, token)
+        self.runlog = RunLog(cfg, self.run_dir, open_logger=False)  # opened by `_restore`
+        self.episode_table = EpisodeTable(cfg.name, self.run_dir if cfg.logging.episodes
+                                          else None)
         # self-play: the league, its opponents and snapshots (None: a single-agent run)
-        self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir,
-                                      lambda event, change: self.durability.journal_event(
-                                          event, change))
+        self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir)
                            if cfg.league is not None else None)
         self.eval_schedule = EvaluationSchedule(
             cfg, self.tasks, self.members, self.storage, self.run_dir, self.commander.push,
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
             solves=self.matchmaker.solved if self.matchmaker else None,
-            show_video=lambda *video: self.runlog.on_video(*video))
-        self.durability = Durability(
-            cfg, self.storage, self.storage_url, clock, self._cond, self.replay,
-            counters=self._counters, restore_counters=self._restore_counters,
-            accept=self._accept, env_steps=lambda: self.env_steps,
-            on_event=self._replay_event)
+            show_video=self.runlog.on_video)
+        # The counters, and the lock that guards them and the replay and orders sampling
+        # against inserts.
+        self.state = CoordinatorState(clock, self.replay, self.tasks, self.eval_schedule,
+                                      self.matchmaker, started_at=started_at)
+        self.durability = Durability(cfg, self.storage, self.storage_url, self.state,
+                                     self.replay, accept=self._accept,
+                                     on_event=self._replay_event)
+        self.readout = Readout(cfg, self.storage_url, self.state, replay=self.replay,
+                               members=self.members, tasks=self.tasks, group=self.group,
+                               evaluations=self.eval_schedule, matchmaker=self.matchmaker,
+                               durability=self.durability)
+        self._closing = threading.Event()
+        self._wake = threading.Event()  # an early scheduler tick
+        self._scheduler = threading.Thread(target=self._scheduler_loop, name="scheduler",
+                                           daemon=True)
+        self._started = False
+        self._restore(resume)
+
+    def _restore(self, resume: bool) -> None:
+        """Continue the run from storage (`resume`: its newest snapshot and the journals
+        after it), or start it fresh, discarding whatever an older run journalled; then
+        open the run log where the run continues."""
         resumed = self.durability.restore() if resume else False
         if not resumed:
             self.durability.discard_journals()
-        self.runlog = RunLog(cfg, self.run_dir, self.env_steps if resumed else None)
-        self.episode_table = EpisodeTable(cfg.name, self.run_dir if cfg.logging.episodes
-                                          else None)
-        self.readout = Readout(self)
+        self.runlog.open(self.state.env_steps if resumed else None)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -162,8 +166,8 @@ class Coordinator:
         self._closing.set()
         self._wake.set()
         self.commander.stop()
-        with self._cond:
-            self._cond.notify_all()
+        with self.state.cond:
+            self.state.cond.notify_all()
         if self._started:
             self._scheduler.join(timeout=5)
             self.commander.join(timeout=5)
@@ -176,15 +180,10 @@ class Coordinator:
 
     @property
     def stopped(self) -> bool:
-        return self.stop_reason is not None
+        return self.state.stopped
 
     def stop(self, reason: str) -> None:
-        with self._cond:
-            if self.stop_reason is None:
-                self.stop_reason = reason
-                self.stopped_at = self.clock()
-                log.info("run stopping: %s", reason)
-            self._cond.notify_all()
+        self.state.stop(reason)
 
     # -- membership -------------------------------------------------------------------------
 
@@ -205,13 +204,13 @@ class Coordinator:
             worker_id=worker.worker_id, run_name=self.cfg.name, storage=self.storage_url,
             config=self.cfg.model_dump(mode="json"),
             heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s,
-            env_steps=self.env_steps)
+            env_steps=self.state.env_steps)
 
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
         worker = self.members.heartbeat(worker_id, req.status)
-        return HeartbeatResponse(stop=self.stopped, paused=self.paused,
-                                 policy_version=self._version_or_none(),
-                                 env_steps=self.env_steps,
+        return HeartbeatResponse(stop=self.stopped, paused=self.state.paused,
+                                 policy_version=self.state.version_or_none(),
+                                 env_steps=self.state.env_steps,
                                  group_generation=(self.group.generation if worker.role
                                                    is Role.LEARNER else None))
 
@@ -225,10 +224,10 @@ class Coordinator:
         return worker
 
     def _requeue_held(self, worker_id: str, why: str) -> None:
-        with self._cond:
+        with self.state.cond:
             n = self.replay.requeue_held_by(worker_id)
             if n:
-                self._cond.notify_all()
+                self.state.cond.notify_all()
         if n:
             log.warning("%s %s: %d queued chunks it held go back to the queue", worker_id,
                         why, n)
@@ -250,9 +249,9 @@ class Coordinator:
     def _leave_group(self, worker_id: str, why: str) -> None:
         """A learner that is gone: the group re-forms without it (chunks its generation's
         rollouts held go back to the queue)."""
-        with self._cond:
+        with self.state.cond:
             if self.group.remove(worker_id, why, self.replay):
-                self._cond.notify_all()
+                self.state.cond.notify_all()
 
     def group_sync(self, req: GroupSyncRequest) -> GroupAssignment:
         """A learner's place in the current generation of the learner group. A rank whose
@@ -267,11 +266,11 @@ class Coordinator:
         if req.broken and req.generation == self.group.generation:
             silent = [w for w in list(self.group.ranks)
                       if w != req.worker_id and not self._answers(w)]
-        with self._cond:
+        with self.state.cond:
             for w in silent:
                 self.group.remove(w, "unresponsive", self.replay)
             assignment = self.group.sync(req, self.replay)
-            self._cond.notify_all()  # samplers of an ended generation stop waiting
+            self.state.cond.notify_all()  # samplers of an ended generation stop waiting
         return assignment
 
     def _answers(self, worker_id: str) -> bool:
@@ -301,9 +300,6 @@ class Coordinator:
             if rec is not None:
                 log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
                 self.commander.push(rec)
-
-    def _version_or_none(self) -> int | None:
-        return self.policy_version if self.policy_version >= 0 else None
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -363,9 +359,9 @@ class Coordinator:
             fresh, dead = self._accept(fresh, req.worker_id)
             # A paused run throttles collectors the same way a lagging learner does:
             # they finish the chunk at hand, report it, and wait for a permit.
-            throttle = self.paused or self.replay.inserts_blocked()
-            self._cond.notify_all()
-            env_steps, version = self.env_steps, self.policy_version
+            throttle = self.state.paused or self.replay.inserts_blocked()
+            self.state.cond.notify_all()
+            env_steps, version = self.state.env_steps, self.state.policy_version
         if dead:
             self.durability.release(dead)
         if fresh:
@@ -373,7 +369,7 @@ class Coordinator:
             self.episode_table.on_chunks(req.worker_id, req.task_id,
                                          self._task_seed(req.task_id), fresh, env_steps,
                                          time.time())
-        if self.eval_schedule.due(self.env_steps, self.train_iterations):
+        if self.eval_schedule.due(self.state.env_steps, self.state.train_iterations):
             self._wake.set()
         # self-play: as many new opponents as games reported (a retried report too: its
         # collector has played those games and needs the next ones)
@@ -389,42 +385,38 @@ class Coordinator:
         except UnknownTask:  # forgotten meanwhile (only the newest ended tasks are kept)
             return None
 
-    def _replay_event(self, event: dict) -> None:
-        """A journalled change that is not a chunk report, replayed by a restore (with
-        `_cond` held): a consumption of queue chunks, or a league change."""
+    def _replay_event(self, event: dict) -> list[str]:
+        """A journalled change that is not a chunk report, replayed by a restore (with the
+        state's lock held): a consumption of queue chunks, or a league change. Returns the
+        ids of the chunks it released."""
         if event.get("kind") == CONSUMED_EVENT:
             consumed = [Consumed.model_validate(c) for c in event["consumed"]]
-            self.durability.release(self.replay.consume(consumed, replaying=True))
-        elif self.matchmaker is not None:
+            return self.replay.consume(consumed, replaying=True)
+        if self.matchmaker is not None:
             self.matchmaker.apply(event)
+        return []
 
     def _accept(self, metas: list[ChunkMeta], worker_id: str
                 ) -> tuple[list[ChunkMeta], list[str]]:
-        """Index journalled chunks and count them (under `_cond`); (fresh, dead ids)."""
-        fresh, dead = self.replay.insert(metas, self.train_iterations)
-        for c in fresh:
-            self.env_steps += c.length
-            self.episodes += len(c.episode_returns)
-            self.recent_returns.extend(c.episode_returns)
-            self.recent_lengths.extend(c.episode_lengths)
-        self.chunks_accepted += len(fresh)
+        """Index journalled chunks and count them (under the state's lock); (fresh, dead
+        ids)."""
+        fresh, dead = self.replay.insert(metas, self.state.train_iterations)
+        self.state.count_chunks(fresh)
         if self.matchmaker is not None:
             self.matchmaker.on_chunks(fresh)
         self.members.count_chunks(worker_id, len(fresh))
-        if fresh and self.first_chunk_at is None:
-            self.first_chunk_at = self.clock()
         return fresh, dead
 
     def collect_permit(self, req: CollectPermitRequest) -> CollectPermitResponse:
         self.members.touch(req.worker_id)
         deadline = self.clock() + req.wait_s
-        with self._cond:
+        with self.state.cond:
             while (not self.stopped and not self._closing.is_set()
-                   and (self.paused or self.replay.inserts_blocked())):
+                   and (self.state.paused or self.replay.inserts_blocked())):
                 left = deadline - self.clock()
                 if left <= 0:
                     return CollectPermitResponse(granted=False, stop=False)
-                self._cond.wait(left)
+                self.state.cond.wait(left)
         return CollectPermitResponse(granted=not self.stopped, stop=self.stopped)
 
     def sample(self, req: SampleRequest
@@ -436,22 +428,23 @@ class Coordinator:
             return self._sample_group(req)
         plan = self.replay.plan(req)
         deadline = self.clock() + req.wait_s
-        with self._cond:
+        state = self.state
+        with state.cond:
             while True:
                 grant = self.replay.grantable(plan, req.num_batches)
-                if grant > 0 or self.stopped or self._closing.is_set():
+                if grant > 0 or state.stopped or self._closing.is_set():
                     break
                 left = deadline - self.clock()
                 if left <= 0:
                     raise RateLimited(0.05)
-                self._cond.wait(left)
+                state.cond.wait(left)
             if grant <= 0:
-                return [], [], 0, self.env_steps, None
-            chunk_ids, parts, dead = self.replay.sample(plan, grant, self.train_iterations,
-                                                        self.policy_version, req.worker_id)
-            self.granted_batches += grant
-            self._cond.notify_all()  # collectors waiting for the learner may go on
-            env_steps = self.env_steps
+                return [], [], 0, state.env_steps, None
+            chunk_ids, parts, dead = self.replay.sample(plan, grant, state.train_iterations,
+                                                        state.policy_version, req.worker_id)
+            state.granted_batches += grant
+            state.cond.notify_all()  # collectors waiting for the learner may go on
+            env_steps = state.env_steps
         if dead:
             self.durability.release(dead)
         return chunk_ids, parts, grant, env_steps, None
@@ -466,36 +459,37 @@ class Coordinator:
         queue = self.replay.queue_buffer(plan)
         deadline = self.clock() + req.wait_s
         dead: list[str] = []
-        with self._cond:
+        state = self.state
+        with state.cond:
             while True:
                 rank = self.group.rank_of(req.worker_id, req.group_generation)
                 entry = self.group.cached(rank, req.group_cursor)
-                if entry is not None or self.stopped or self._closing.is_set():
+                if entry is not None or state.stopped or self._closing.is_set():
                     break
                 if queue is not None:
                     entry, released = self.group.form_rollout(
-                        self.replay, queue, self.cfg.rollout_rows, self.train_iterations,
-                        self.policy_version)
+                        self.replay, queue, self.cfg.rollout_rows, state.train_iterations,
+                        state.policy_version)
                     dead += released
                     if entry is not None:
-                        self.granted_batches += 1
+                        state.granted_batches += 1
                         break
                 elif not self.group.backlog_full():
                     self.group.check_plan(plan)
                     grant = self.replay.grantable(plan, req.num_batches)
                     if grant > 0:
                         ids, parts, released = self.replay.sample(
-                            plan, grant, self.train_iterations, self.policy_version)
+                            plan, grant, state.train_iterations, state.policy_version)
                         dead += released
                         entry = self.group.add_batches(ids, parts, grant)
-                        self.granted_batches += grant
-                        self._cond.notify_all()
+                        state.granted_batches += grant
+                        state.cond.notify_all()
                         break
                 left = deadline - self.clock()
                 if left <= 0:
                     break
-                self._cond.wait(left)
-            env_steps = self.env_steps
+                state.cond.wait(left)
+            env_steps = state.env_steps
         if dead:
             self.durability.release(dead)
         if entry is None:
@@ -507,20 +501,21 @@ class Coordinator:
 
     def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
         self.members.touch(req.worker_id)
-        with self._cond:
+        with self.state.cond:
             self.replay.check_feedback(req.priorities, req.consumed)
         dead: list[str] = []
+        state = self.state
 
-        def apply() -> None:  # with `_cond` held
+        def apply() -> None:  # with the state's lock held
             nonlocal dead
-            self.train_iterations = max(self.train_iterations, req.train_iterations)
-            self.policy_version = max(self.policy_version, req.policy_version)
+            state.train_iterations = max(state.train_iterations, req.train_iterations)
+            state.policy_version = max(state.policy_version, req.policy_version)
             # losses and the like averaged over the ranks of the group
-            self.learner_metrics = self.group.on_learn_info(
+            state.learner_metrics = self.group.on_learn_info(
                 req.worker_id, req.train_iterations, dict(req.metrics), dict(req.timers))
             self.replay.update_priorities(req.priorities)
             dead = self.replay.consume(req.consumed)
-            self._cond.notify_all()
+            state.cond.notify_all()
 
         if req.consumed:
             # On-policy data is used once, across a crash too: the consumption goes into the
@@ -529,11 +524,11 @@ class Coordinator:
                 {"kind": CONSUMED_EVENT,
                  "consumed": [c.model_dump(mode="json") for c in req.consumed]}, apply)
         else:
-            with self._cond:
+            with self.state.cond:
                 apply()
         if dead:
             self.durability.release(dead)
-        self.runlog.on_learn_info(req, self.env_steps, self.rates()[1])
+        self.runlog.on_learn_info(req, self.state.env_steps, self.rates()[1])
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped,
                                  best_policy_version=self.eval_schedule.best_policy_version)
@@ -541,9 +536,9 @@ class Coordinator:
     # -- run control ------------------------------------------------------------------------
 
     def set_paused(self, paused: bool) -> RunState:
-        with self._cond:
-            self.paused = paused
-            self._cond.notify_all()  # waiting permits re-check
+        with self.state.cond:
+            self.state.paused = paused
+            self.state.cond.notify_all()  # waiting permits re-check
         log.info("collection %s by request", "paused" if paused else "resumed")
         return self.run_state()
 
@@ -552,19 +547,19 @@ class Coordinator:
         is sized to `learners` at once (the launcher or the orchestrator starts or stops the
         processes)."""
         if collectors is not None:
-            self.collectors_desired = collectors
+            self.state.collectors_desired = collectors
             log.info("collectors wanted: %d", collectors)
         if learners is not None:
-            with self._cond:
+            with self.state.cond:
                 self.group.resize(learners, self.replay)
-                self._cond.notify_all()
+                self.state.cond.notify_all()
             log.info("learners wanted: %d", learners)
         return self.run_state()
 
     def run_state(self) -> RunState:
-        state = "stopped" if self.stopped else "paused" if self.paused else "running"
-        return RunState(state=state, paused=self.paused, stop_reason=self.stop_reason,
-                        collectors_desired=self.collectors_desired,
+        s = self.state
+        return RunState(state=s.phase, paused=s.paused, stop_reason=s.stop_reason,
+                        collectors_desired=s.collectors_desired,
                         collectors_alive=len(self.members.alive(Role.COLLECTOR)),
                         learners_desired=self.group.learners_desired,
                         learners_alive=len(self.members.alive(Role.LEARNER)))
@@ -575,18 +570,18 @@ class Coordinator:
         self.members.touch(req.worker_id)
         self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
         seed = self._task_seed(req.task_id)
-        result = self.eval_schedule.report(req, self.env_steps, self.train_iterations,
-                                           self.clock() - self.started_at,
+        state = self.state
+        result = self.eval_schedule.report(req, state.env_steps, state.train_iterations,
+                                           self.clock() - state.started_at,
                                            self.runlog.on_evaluation)
         self.episode_table.on_evaluation(req, seed, result.env_steps, time.time())
         stop_value = self.cfg.eval.stop_value
         if stop_value is not None and result.return_mean >= stop_value:
-            self.solved = True
-            self.stop(f"solved: evaluation return {result.return_mean:.1f} >= {stop_value}")
+            self.state.stop(f"solved: evaluation return {result.return_mean:.1f} >= "
+                            f"{stop_value}", solved=True)
         why = self.matchmaker.solved(result) if self.matchmaker else None
         if why:
-            self.solved = True
-            self.stop(why)
+            self.state.stop(why, solved=True)
         return result
 
     # -- background threads -----------------------------------------------------------------
@@ -611,73 +606,31 @@ class Coordinator:
             self._offer_unassigned()
         self.eval_schedule.expire(now)
         self.readout.sample_rates(now)
-        stop = self.cfg.stop
-        if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
+        state, stop = self.state, self.cfg.stop
+        if stop.max_env_steps is not None and state.env_steps >= stop.max_env_steps:
             self.stop(f"max_env_steps={stop.max_env_steps} reached")
         if stop.max_train_iterations is not None and \
-                self.train_iterations >= stop.max_train_iterations:
+                state.train_iterations >= stop.max_train_iterations:
             self.stop(f"max_train_iterations={stop.max_train_iterations} reached")
-        if stop.max_wall_s is not None and now - self.started_at >= stop.max_wall_s:
+        if stop.max_wall_s is not None and now - state.started_at >= stop.max_wall_s:
             self.stop(f"max_wall_s={stop.max_wall_s} reached")
-        if not self.stopped:
-            self.eval_schedule.maybe_start(self.policy_version, self.env_steps,
-                                           self.train_iterations)
+        if not state.stopped:
+            self.eval_schedule.maybe_start(state.policy_version, state.env_steps,
+                                           state.train_iterations)
         if self.matchmaker is not None:
-            if not self.stopped:
-                self.matchmaker.maybe_snapshot(self.policy_version)
+            if not state.stopped:
+                self.matchmaker.maybe_snapshot(state.policy_version,
+                                               self.durability.journal_event)
             self.matchmaker.write_view(now)
-        self.runlog.on_tick(self.env_steps, self.readout.info_scalars())
+        self.runlog.on_tick(state.env_steps, self.readout.info_scalars())
         self.durability.tick(now)
 
-    # -- snapshots --------------------------------------------------------------------------
-
-    def _counters(self) -> dict:
-        """What a snapshot saves beside the buffers (under `_cond`). The keys are the
-        snapshot format: snapshots written by older versions must still restore."""
-        return {"env_steps": self.env_steps, "chunks_accepted": self.chunks_accepted,
-                "episodes": self.episodes, "granted_batches": self.granted_batches,
-                "train_iterations": self.train_iterations,
-                "policy_version": self.policy_version, **self.eval_schedule.counters(),
-                "ledger": dict(self.replay.released_by),
-                "wall_seconds": self.clock() - self.started_at,
-                "first_chunk_s": (self.first_chunk_at - self.started_at
-                                  if self.first_chunk_at is not None else None),
-                "tasks": self.tasks.snapshot(),
-                # what `rlfleet scale` asked for: a restarted coordinator must not make a
-                # launcher or the compose scaler forget it
-                "collectors_desired": self.collectors_desired,
-                "league": self.matchmaker.state() if self.matchmaker else None}
-
-    def _restore_counters(self, counters: dict) -> None:
-        for key in ("env_steps", "chunks_accepted", "episodes", "granted_batches",
-                    "train_iterations", "policy_version"):
-            setattr(self, key, int(counters[key]))
-        self.eval_schedule.restore(counters)
-        if self.matchmaker is not None:
-            self.matchmaker.restore(counters.get("league"))
-        if counters.get("collectors_desired") is not None:
-            self.collectors_desired = int(counters["collectors_desired"])
-        now = self.clock()
-        self.started_at = now - float(counters.get("wall_seconds", 0.0))
-        if counters.get("first_chunk_s") is not None:
-            self.first_chunk_at = self.started_at + float(counters["first_chunk_s"])
-        for rec in self.tasks.restore(counters.get("tasks", {})):
-            if rec.kind is TaskKind.EVALUATE:
-                self.eval_schedule.rerun(rec, self.env_steps, self.train_iterations)
-
     # -- reading state ----------------------------------------------------------------------
-
-    def buffer_chunks(self, name: str) -> list[str]:
-        with self._cond:
-            buf = self.replay.buffers.get(name)
-            if buf is None:
-                raise UnknownBuffer(name, "name")
-            return buf.chunk_occurrences()
 
     def rates(self) -> tuple[float, float]:
         return self.readout.rates()
 
-    def status(self) -> dict:
+    def status(self) -> Status:
         return self.readout.status()
 
 

@@ -26,10 +26,10 @@ _PUBLIC = {
     "LearnOutput": "rlfleet.shared.algos.base",
     "Reducer": "rlfleet.shared.algos.base",
     "EnvSpec": "rlfleet.shared.contract.spec",
-    "RunConfig": "rlfleet.shared.contract.config",
+    "RunConfig": "rlfleet.shared.run.config",
     "ConfigError": "rlfleet.shared.contract.config",
-    "load_config": "rlfleet.shared.contract.config",
-    "parse_config": "rlfleet.shared.contract.config",
+    "load_config": "rlfleet.shared.run.config",
+    "parse_config": "rlfleet.shared.run.config",
     "load_run": "rlfleet.shared.telemetry.rundata",
 }
 

@@ -27,122 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 from pathlib import Path
 
+from rlfleet.command import env, run, setup_logging
+from rlfleet.ports import free_port as free_port  # benches import it from here
+from rlfleet.roles import add_role_parsers
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config
-
-
-def env(name: str, default=None):
-    return os.environ.get(f"RLFLEET_{name}", default)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _setup_logging(role: str) -> None:
-    from rlfleet.shared.infra.storage.credentials import log_to_stderr
-
-    log_to_stderr(env("LOG_LEVEL", "INFO"), f"%(asctime)s {role} %(levelname)s %(name)s: "
-                  "%(message)s")
-
-
-def _advertise(args: argparse.Namespace) -> str:
-    if args.advertise_url:
-        return args.advertise_url
-    host = args.host if args.host not in ("0.0.0.0", "::", "") else socket.gethostname()
-    return f"http://{host}:{args.port}"
-
-
-def cmd_coordinator(args: argparse.Namespace) -> int:
-    from rlfleet.serve import serve_in_process
-
-    _setup_logging("coordinator")
-    if not args.config:
-        raise ConfigError("coordinator needs --config PATH (or RLFLEET_CONFIG)")
-    cfg = load_config(args.config)
-    cfg = cfg.with_overrides(seed=args.seed, name=args.name)
-    if args.worker_networks is not None:  # a deployment's own networks (compose, k8s)
-        networks = [n for n in args.worker_networks.split(",") if n.strip()]
-        cfg = cfg.with_overrides(coordinator={**cfg.coordinator.model_dump(),
-                                              "worker_networks": networks})
-    run_dir = Path(args.run_dir or Path("runs") / cfg.name)
-    storage = args.storage or cfg.storage or str(run_dir / "storage")
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-    def factory():
-        from rlfleet.coordinator.app import create_app
-
-        return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
-
-    # One process, as the workers are: a gunicorn master beside it cost 25 MB and a fork at
-    # start, and bought nothing for an app that keeps its state in one process.
-    return serve_in_process(factory, args.host, args.port, threads=args.threads)
-
-
-def _worker(args: argparse.Namespace, role: str) -> int:
-    """Serve a collector or a learner from this one process (`services/serve.py`). The role's
-    module is imported here, after the arguments are checked: a collector's imports leave torch
-    to a background thread (it acts before torch has loaded where its algorithm allows)."""
-    _setup_logging(role)
-    if not args.coordinator:
-        raise ConfigError(f"{role} needs --coordinator URL (or RLFLEET_COORDINATOR)")
-    if not args.port:
-        args.port = free_port(args.host if args.host != "0.0.0.0" else "127.0.0.1")
-    if role == "collector":
-        from rlfleet.collector.service import CollectorService as Service
-    else:  # first, so that everything it imports (Flask, pydantic, torch) is imported nicer
-        Service = _import_nicer("rlfleet.learner.service", "LearnerService")
-    from rlfleet.serve import serve_in_process
-    from rlfleet.shared.worker import create_worker_app
-
-    def factory():
-        service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
-        if getattr(args, "evaluate_only", False):
-            service.evaluate_only = True
-        return create_worker_app(service)
-
-    return serve_in_process(factory, args.host, args.port, threads=4)
-
-
-# How much nicer than the process an import of torch runs while a cluster starts.
-IMPORT_NICE = 10
-
-
-def _import_nicer(module: str, name: str):
-    """`module.name`, imported on a thread `IMPORT_NICE` steps nicer than this one (Linux
-    sets niceness per thread). A learner imports torch (2-3 CPU seconds) as the whole cluster
-    starts on a small machine; it has nothing to train on before the first chunks, so the
-    coordinator's start and the collectors' first chunks take the cores first."""
-    import importlib
-    import threading
-
-    found: dict[str, object] = {}
-
-    def load() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid,
-                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + IMPORT_NICE))
-        except (AttributeError, OSError):
-            pass  # not Linux, or not allowed: import at the process's priority
-        try:
-            found["value"] = getattr(importlib.import_module(module), name)
-        except BaseException as err:  # raised again on the calling thread
-            found["error"] = err
-
-    thread = threading.Thread(target=load, name=f"import-{module}")
-    thread.start()
-    thread.join()
-    if "error" in found:
-        raise found["error"]
-    return found["value"]
 
 
 def _supervision_options(p: argparse.ArgumentParser) -> None:
@@ -231,7 +123,7 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     """A run's best policy over HTTP (`services/policy_server.py`)."""
     from rlfleet.policy_server import serve_policy
 
-    _setup_logging("serve-policy")
+    setup_logging("serve-policy")
     return serve_policy(Path(args.run_dir), args.host, args.port, args.threads, args.reload_s)
 
 
@@ -264,7 +156,7 @@ def cmd_scaler(args: argparse.Namespace) -> int:
     """Add and remove collector containers to follow the run's wish (services/scaler.py)."""
     from rlfleet.scaler import ScalerError, main
 
-    _setup_logging("scaler")
+    setup_logging("scaler")
     if args.min_env_steps_per_s and not args.max_collectors:
         print("rlfleet scaler: --min-env-steps-per-s needs --max-collectors", file=sys.stderr)
         return 2
@@ -304,7 +196,7 @@ def cmd_single(args: argparse.Namespace) -> int:
     from rlfleet.shared.run.check import check_runnable
     from rlfleet.single import run_single
 
-    _setup_logging("single")
+    setup_logging("single")
     cfg = load_config(args.config).with_overrides(seed=args.seed)
     check_runnable(cfg)
     res = run_single(cfg, progress=lambda s, i, r, t: print(
@@ -324,40 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rlfleet {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("coordinator", help="serve the coordinator (one process: the Flask app "
-                       "on a cheroot thread pool)")
-    c.add_argument("--config", default=env("CONFIG"))
-    c.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    c.add_argument("--port", type=int, default=int(env("PORT", "8000")))
-    c.add_argument("--storage", default=env("STORAGE"), help="directory or redis://host:port/db")
-    c.add_argument("--run-dir", default=env("RUN_DIR"))
-    c.add_argument("--seed", type=int, default=env("SEED"))
-    c.add_argument("--name", default=env("RUN_NAME"), help="run name (storage namespace)")
-    c.add_argument("--threads", type=int, default=int(env("THREADS", "16")))
-    c.add_argument("--resume", action="store_true", default=env("RESUME") == "1",
-                   help="continue from the buffers and counters snapshot in storage")
-    c.add_argument("--worker-networks", default=env("WORKER_NETWORKS"),
-                   help="comma-separated CIDRs workers must register from (replaces the "
-                        "config's coordinator.worker_networks)")
-    c.set_defaults(func=cmd_coordinator)
-
-    for role in ("collector", "learner"):
-        w = sub.add_parser(role, help=f"serve a {role} that joins a coordinator (one process: "
-                           "its HTTP endpoint is a thread pool beside the role's loop)")
-        w.add_argument("--coordinator", default=env("COORDINATOR"))
-        w.add_argument("--host", default=env("HOST", "127.0.0.1"))
-        w.add_argument("--port", type=int, default=int(env("PORT", "0")))
-        w.add_argument("--advertise-url", default=env("ADVERTISE_URL"),
-                       help="URL the coordinator uses to reach this worker")
-        w.add_argument("--worker-id", default=env("WORKER_ID"))
-        w.add_argument("--storage", default=env("STORAGE"),
-                       help="override the storage the coordinator announces")
-        if role == "collector":
-            w.add_argument("--evaluate-only", action="store_true",
-                           default=env("EVALUATE_ONLY") == "1",
-                           help="collect nothing, only run the evaluations the coordinator "
-                           "sends (an offline run's evaluator)")
-        w.set_defaults(func=lambda a, r=role: _worker(a, r))
+    add_role_parsers(sub)
 
     u = sub.add_parser("up", help="run a whole cluster as local processes until solved")
     u.add_argument("--config", required=True)
@@ -492,43 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Commands that serve or call the HTTP API, and those that serve it.
-_HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status",
-                  "scaler"}
-_SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
-
-
-def _check_environment(command: str) -> None:
-    """Fail before anything starts (exit 2, one line) on a token or body-limit setting that
-    would otherwise fail inside a gunicorn worker or a child process, as a traceback."""
-    from rlfleet.shared.infra.auth import load_token
-    from rlfleet.shared.infra.webapp import max_body_bytes
-
-    if command in _HTTP_COMMANDS:
-        load_token()
-    if command in _SERVING_COMMANDS:
-        max_body_bytes()
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        _check_environment(args.command)
-        return args.func(args)
-    except ConfigError as err:
-        print(f"rlfleet {args.command}: {err}", file=sys.stderr)
-        _record_crash(err, args.command)
-        return 2
-    except Exception as err:
-        _record_crash(err, args.command)
-        raise
-
-
-def _record_crash(err: BaseException, command: str) -> None:
-    """A role that dies of an error says why to its supervisor (`shared/infra/crash.py`)."""
-    from rlfleet.shared.infra.crash import write_crash
-
-    write_crash(err, command, "start-up")
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

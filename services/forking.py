@@ -3,7 +3,7 @@ Sample Factory's workers start: what the role imports is imported once, in the l
 every child begins with it in memory.
 
 Why: on a small machine a cluster's start is a fight for the cores. Each `python -m
-services.cli <role>` child paid the interpreter's start, half a second of imports (Flask,
+rlfleet <role>` child paid the interpreter's start, half a second of imports (Flask,
 pydantic, numpy, gymnasium, requests) and the config's parse again, all at once with the
 others and with the learner's torch import, so the coordinator answered 1.3-2 s after it was
 started and the first chunk came 3.5 s after the launch. A fork costs milliseconds, the
@@ -13,10 +13,12 @@ the collector from touching them).
 Forking is only safe while the launcher has no other thread (a lock held by a thread that
 does not exist in the child stays held for ever), and the launcher never imports torch (whose
 thread pools do not survive a fork): `can_fork` says so, and otherwise the caller starts
-the child with exec as before. So the first children of `rlfleet up` are forked; restarts and
+the child with exec. So the first children of `rlfleet up` are forked; restarts and
 scaling, which happen while the progress display's thread runs, exec. Both run the same
-command (`services.cli.main(argv)`); in `ps` a forked child is titled `rlfleet <role> ...`
-(setproctitle), an exec'd one `python -m rlfleet <role> ...`.
+command: an exec'd child through `rlfleet.cli.main`, a forked one through `rlfleet.roles.main`,
+which has the same parsers for the roles and ends the same way (`services/command.py`), and
+which needs neither the rest of the CLI nor the launcher. In `ps` a forked child is titled
+`rlfleet <role> ...` (setproctitle), an exec'd one `python -m rlfleet <role> ...`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from rlfleet import roles
+
 # What each role imports before it serves. torch is not here: a learner and a collector load
 # it themselves, on a nicer thread, after the fork.
 PRELOAD: dict[str, tuple[str, ...]] = {
@@ -50,10 +54,10 @@ PRELOAD: dict[str, tuple[str, ...]] = {
 
 
 def role_in(cmdline: list[str]) -> str | None:
-    """The rlfleet command a process runs, from its command line: the word after
-    `services.cli` (an exec'd child, `python -m rlfleet <role> ...`) or after `rlfleet`
-    (the console script, or a forked child's title `rlfleet <role> ...`, which is one string:
-    split it first). None for anything else."""
+    """The rlfleet command a process runs, from its command line: the word after `rlfleet`
+    (an exec'd child, `python -m rlfleet <role> ...`; the console script; or a forked child's
+    title `rlfleet <role> ...`, which is one string: split it first). None for anything
+    else."""
     for i, arg in enumerate(cmdline[:-1]):
         if arg == "rlfleet" or Path(arg).name == "rlfleet":
             return cmdline[i + 1]
@@ -121,9 +125,11 @@ class ForkedChild:
 
 
 def fork_role(argv: list[str], log_path: Path, env: dict[str, str],
-              setup: Callable[[], None]) -> ForkedChild:
+              setup: Callable[[], None],
+              main: Callable[[list[str]], int] = roles.main) -> ForkedChild:
     """Run `rlfleet <argv>` in a forked child whose output goes to `log_path` (appended) and
-    whose environment is `env`; `setup` runs first in the child, as Popen's `preexec_fn`."""
+    whose environment is `env`; `setup` runs first in the child, as Popen's `preexec_fn`.
+    `main` runs the command: a role's (`roles.main`) unless another command's is given."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     gc.freeze()  # what exists now is never scanned by the child's collector: pages stay shared
@@ -133,8 +139,6 @@ def fork_role(argv: list[str], log_path: Path, env: dict[str, str],
     code = 1
     try:
         _become_child(argv, log_path, env, setup)
-        from rlfleet.cli import main
-
         code = main(argv)
     except SystemExit as err:
         code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)

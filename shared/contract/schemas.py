@@ -601,9 +601,10 @@ class RunState(Response):
 
 
 # -- read-only views (coordinator GET routes) ------------------------------------------------
-# What the coordinator's GET routes answer. The coordinator builds these as plain dicts (they
-# mirror its internal records); these models describe them for the OpenAPI document, so a
-# client, or schemathesis, can check an answer without reading the coordinator's code.
+# What the coordinator's GET routes answer. The coordinator builds most of these as plain dicts
+# (they mirror its internal records); these models describe them for the OpenAPI document, so
+# a client, or schemathesis, can check an answer without reading the coordinator's code.
+# `/status` is built as `Status` itself: the one definition of that document.
 
 
 class Health(Response):
@@ -804,14 +805,22 @@ class Payoff(Response):
     loss: list[list[int]]
 
 
-class LeagueView(Response):
-    """`GET /league`: the self-play league's players, ratings and payoff matrix."""
+class LeagueSummary(Response):
+    """The self-play league's players, ratings and payoff matrix (`/status`'s `league`)."""
 
     games: int
+    first_snapshot: str | None = Field(description="the league's first snapshot, which "
+                                       "'snapshot-first' in `stop_when` names (null: none "
+                                       "yet)")
     players: list[LeaguePlayer] = Field(description="best ordinal first")
     probabilities: dict[str, float] = Field(description="chance the main player meets each "
                                             "opponent next ('main': self-play)")
     payoff: Payoff
+
+
+class LeagueView(LeagueSummary):
+    """`GET /league`: the self-play league with each player's rating history."""
+
     ratings: dict[str, list[tuple[int, float, float]]] = Field(
         default_factory=dict, description="per player, (league game, mu, sigma) points")
 
@@ -824,9 +833,9 @@ class Status(Response):
     rates: RunRates
     buffer: ReplaySize
     buffers: dict[str, BufferStats]
-    metrics: dict[str, float] = Field(description="flat scalars under the names the logger "
-                                      "uses (`buffer/...`, `collect/...`, `train/...`, "
-                                      "`eval/...`)")
+    metrics: dict[str, int | float] = Field(description="flat scalars under the names the "
+                                            "logger uses (`buffer/...`, `collect/...`, "
+                                            "`train/...`, `eval/...`)")
     collect: CollectStats
     train: dict[str, float] = Field(description="the learner's last reported metrics")
     workers: list[WorkerInfo]
@@ -835,8 +844,8 @@ class Status(Response):
     best_evaluation: EvaluationResult | None
     ledger: Ledger
     learner_group: LearnerGroupStatus
-    league: LeagueView | None = Field(None, description="self-play runs: the league (without "
-                                      "rating histories)")
+    league: LeagueSummary | None = Field(None, description="self-play runs: the league "
+                                         "(without rating histories)")
 
 
 # -- the run's log records, as a feed (the dashboard's curves) --------------------------------

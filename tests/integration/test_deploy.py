@@ -148,10 +148,14 @@ def settings(argv: list[str], env: dict[str, str]) -> set[str]:
 
 
 def cli_env_names() -> set[str]:
-    """The RLFLEET_* variables rlfleet reads: the CLI's options, plus the token and body
-    limit, which the services read themselves (shared/infra/auth.py, shared/infra/webapp.py)."""
-    source = (REPO / "services" / "cli.py").read_text()
-    names = {f"RLFLEET_{name}" for name in re.findall(r'\benv\("([A-Z_]+)"', source)}
+    """The RLFLEET_* variables rlfleet reads: the options of its commands (every module of
+    services/ that defines some: the CLI's, the roles', the logging every command sets up),
+    plus the token and body limit, which the services read themselves (shared/infra/auth.py,
+    shared/infra/webapp.py)."""
+    names: set[str] = set()
+    for path in sorted((REPO / "services").glob("*.py")):
+        names |= {f"RLFLEET_{name}"
+                  for name in re.findall(r'\benv\("([A-Z_]+)"', path.read_text())}
     for module in ("auth.py", "webapp.py"):
         text = (REPO / "shared" / "infra" / module).read_text()
         names |= set(re.findall(r'"(RLFLEET_[A-Z_]+)"', text))

@@ -1,4 +1,4 @@
-"""A collector's random warm-up while torch loads (collector/service.py): allowed only where the
+"""A collector's random warm-up while torch loads (collector/acting.py): allowed only where the
 algorithm would itself act uniformly at random (the built-in DQN from epsilon 1, until its
 buffer's `min_size`), never for PPO or a user's policy; its chunks say policy version -1 and
 hold valid actions; and none of it needs torch."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlfleet.collector.acting import RandomPolicy, random_warmup_steps
 from rlfleet.collector.rollout import Rollout
-from rlfleet.collector.service import RandomPolicy, random_warmup_steps
 from rlfleet.shared.envs.make import env_spec, make_vector_env
 from rlfleet.shared.run.config import load_config
 
@@ -57,7 +57,8 @@ def test_warmup_chunks_hold_valid_actions_and_say_no_published_policy_acted():
 
 def test_acting_at_random_needs_no_torch():
     code = ("import sys\n"
-            "from rlfleet.collector.service import RandomPolicy, random_warmup_steps\n"
+            "import rlfleet.collector.service\n"
+            "from rlfleet.collector.acting import RandomPolicy, random_warmup_steps\n"
             "from rlfleet.collector.rollout import Rollout\n"
             "from rlfleet.shared.run.config import load_config\n"
             "from rlfleet.shared.envs.make import env_spec, make_vector_env\n"
@@ -110,9 +111,9 @@ def test_a_collector_joining_mid_run_explores_from_the_runs_steps_not_at_random(
         assert service.agent.info.env_steps == 384
         task = CollectTask.model_validate(sink.wait_task("collect"))
         service.accept(TaskEnvelope(task=task))
-        wait_for(lambda: service.chunks_reported >= 2, timeout_s=60,
+        wait_for(lambda: service.counters.chunks_reported >= 2, timeout_s=60,
                  what="the new collector's chunks")
-        assert service.random_steps == 0, "acted at random after the run's warm-up"
+        assert service.counters.random_steps == 0, "acted at random after the run's warm-up"
         assert service.adder is not None and service.adder.global_env_steps >= 384
     finally:
         service.close()

@@ -14,7 +14,7 @@ import pytest
 
 from rlfleet.learner.batching import assemble
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import SampleResponse
+from rlfleet.shared.contract.schemas import SampleResponse, Status
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
 from rlfleet.shared.run.config import parse_config
@@ -67,6 +67,7 @@ BOOTS = {
     "test_replay_ratio_throttles_collectors_until_the_learner_samples": TIGHT_RATIO,
     "test_an_evaluation_at_the_stop_value_solves_the_run": EARLY_EVAL,
     "test_evaluations_can_follow_train_iterations": EVAL_BY_ITERATIONS,
+    "test_the_status_answer_is_the_status_schema": EARLY_EVAL,
 }
 
 
@@ -470,6 +471,48 @@ def test_an_evaluation_at_the_stop_value_solves_the_run(coordinator, task_sink):
     late = register(c, "collector", late_sink)
     assert not [t for t in c.status()["tasks"] if t["worker_id"] == late["worker_id"]]
     late_sink.expect_none("collect", within_s=0.3)
+
+
+# -- the status document --------------------------------------------------------------------
+
+def _typed(value):
+    """JSON with every leaf paired with its type, so 3 and 3.0 differ."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return type(value).__name__, value
+
+
+def test_the_status_answer_is_the_status_schema(coordinator, task_sink):
+    """`GET /status` answers `schemas.Status` and nothing else: read back through the model
+    and dumped again, the answer is unchanged, types included. A field the answer had but
+    the schema lacked would be dropped by the model (and the comparison would fail); one
+    the schema had but the answer lacked would come back as its default."""
+    c = coordinator(**EARLY_EVAL)
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    wid, lid = col["worker_id"], lrn["worker_id"]
+    ok(post(c, f"/workers/{wid}/heartbeat", {"status": {"env_steps_s": 2.5}}))
+    ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)],
+              episode_returns=[10.0, 30.0], episode_lengths=[100, 156]))
+    ok(post(c, "/learner-group", {"worker_id": lid, "store_addr": "127.0.0.1:1"}))
+    ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10, "policy_version": 0,
+                               "metrics": {"train/loss": 0.5}}))
+    ev = wait_for(lambda: [t for t in c.status()["tasks"] if t["kind"] == "evaluate"],
+                  what="an evaluate task")[0]
+    wait_running(c, ev["task_id"])
+    ok(post(c, "/evaluations", {
+        "worker_id": wid, "task_id": ev["task_id"], "policy_version": 0,
+        "deterministic": {"returns": [100.0, 120.0], "lengths": [100, 120]},
+        "stochastic": {"returns": [50.0, 70.0], "lengths": [50, 70]}}))
+
+    answer = ok(HTTP.get(c.api("/status"), timeout=TIMEOUT))
+    assert answer["workers"] and answer["tasks"] and answer["learner_group"]["ranks"]
+    assert answer["latest_evaluation"] and answer["train"] == {"train/loss": 0.5}
+    assert answer["metrics"]["eval/deterministic/episodes"] == 2
+    assert answer["collect"]["episode_return_mean"] == 20.0
+    again = Status.model_validate(answer).model_dump(mode="json")
+    assert _typed(again) == _typed(answer)
 
 
 # -- bad input ------------------------------------------------------------------------------

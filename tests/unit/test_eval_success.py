@@ -17,10 +17,10 @@ import pytest
 import requests
 from pydantic import ValidationError
 
+from rlfleet.collector.acting import Acting
+from rlfleet.collector.evaluator import Evaluator
 from rlfleet.collector.rollout import evaluate
 from rlfleet.collector.service import CollectorService
-from rlfleet.collector.weights import StorageWeightSource
-from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.schemas import (
     EvalEpisodes,
@@ -28,7 +28,7 @@ from rlfleet.shared.contract.schemas import (
     EvaluationReport,
     EvaluationResult,
 )
-from rlfleet.shared.envs.make import make_vector_env, run_spec
+from rlfleet.shared.envs.make import make_vector_env
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
@@ -131,7 +131,7 @@ def test_a_collector_evaluation_reports_success_where_the_env_says(env, coordina
     cfg = parse_config(c.config)
     sink = task_sink()
     service = CollectorService(c.url, sink.url)  # its loop is not started: driven here
-    envs = None
+    evaluator = None
     try:
         service.agent._register(retries=0)
         wait_running(c, sink.wait_task("collect")["task_id"])
@@ -140,14 +140,17 @@ def test_a_collector_evaluation_reports_success_where_the_env_says(env, coordina
                                    "policy_version": 0}))
         task = EvaluateTask.model_validate(sink.wait_task("evaluate"))
         wait_running(c, task.task_id)
-        policy = make_policy(cfg.algo, run_spec(cfg), seed=0)
-        policy.load_policy(0, policy.policy_state())
         storage = DirectoryStorage(c.storage_dir)
-        envs = make_vector_env(cfg.env, task.num_envs, task.seed)
-        service._evaluate(task, envs, policy, StorageWeightSource(storage), storage)
+        acting = Acting(cfg, 0, storage, service.torch, service.refresher, service.counters)
+        assert acting.make_real(timeout=60)
+        policy = acting.policy
+        policy.load_policy(0, policy.policy_state())
+        evaluator = Evaluator(cfg, storage, service.agent, service.counters)
+        evaluator.run(task, acting)
+        assert service.status()["evaluations"] == 1
     finally:
-        if envs is not None:
-            envs.close()
+        if evaluator is not None:
+            evaluator.close()
         service.close()
 
     page = ok(HTTP.get(c.api("/evaluations"), timeout=TIMEOUT))

@@ -17,7 +17,7 @@ DRIVER = r'''
 import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
 
-from rlfleet.cli import free_port
+from rlfleet.cli import free_port, main as cli_main
 from rlfleet.forking import can_fork, fork_role, preload
 
 atexit.register(lambda: print("launcher atexit ran in", os.getpid(), flush=True))
@@ -62,8 +62,10 @@ try:
 except subprocess.TimeoutExpired:
     out["timeout"] = True
 
-# The environment given is the child's: `rlfleet status` finds the coordinator through it.
-status = fork_role(["status"], tmp / "status.log", {**env, "RLFLEET_COORDINATOR": url}, setup)
+# The environment given is the child's: `rlfleet status` (a command of the whole CLI, not a
+# role's) finds the coordinator through it.
+status = fork_role(["status"], tmp / "status.log", {**env, "RLFLEET_COORDINATOR": url}, setup,
+                   cli_main)
 out["status"] = status.wait(60)
 
 coord.terminate()

@@ -1,0 +1,204 @@
+"""What the learner's two training loops share: one learn task's policy, where its versions,
+checkpoints and learn-info go, and the counters other threads read.
+
+The loops themselves (`learner/offpolicy.py`, `learner/onpolicy.py`) only learn and keep
+time; `Training` does what both do between updates: hand a version to the publisher, save a
+checkpoint when one is due, send learn-info. Only the group's publisher (rank 0) publishes
+and saves; every rank reports its own learn-info, which the coordinator merges.
+
+`Progress` holds what the training thread moves on while the agent's thread (heartbeats) and
+the web server's (`/status`) read it: plain attributes, written by one thread, so a reader
+sees the last value written without a lock in the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.learner.dataproc import DataProcess
+from rlfleet.learner.feedback import PriorityFeedback, updates_from
+from rlfleet.learner.group import GroupError
+from rlfleet.learner.prefetch import Prefetcher
+from rlfleet.learner.publisher import PublishConflict, Publisher
+from rlfleet.learner.reporter import Reporter
+from rlfleet.learner.rollouts import RolloutFeeder
+from rlfleet.learner.session import GroupSession
+from rlfleet.learner.timers import LearnerTimers
+from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import Optimized
+from rlfleet.shared.contract.schemas import (
+    API,
+    Consumed,
+    GroupAssignment,
+    LearnInfo,
+    LearnInfoResponse,
+)
+from rlfleet.shared.infra.http import HttpError
+from rlfleet.shared.infra.storage import Storage, StorageError
+from rlfleet.shared.run.config import RunConfig
+from rlfleet.shared.worker import WorkerAgent
+
+log = logging.getLogger("rlfleet.learner")
+
+
+@dataclass(eq=False, slots=True)
+class Progress:
+    """The learner's counters and its latest sources of data (whose own counters `/status`
+    shows), from before the first update to the end of the run."""
+
+    train_iterations: int = 0
+    learn_rounds: int = 0  # on-policy: rollouts learned from
+    metrics: dict[str, float] = field(default_factory=dict)  # the last reported update's
+    resumed_from: int | None = None  # the train iteration of the checkpoint restored
+    last_checkpoint: int = 0  # the train iteration of the last checkpoint saved or restored
+    prefetcher: Prefetcher | DataProcess | None = None  # off-policy: this generation's
+    feeder: RolloutFeeder | None = None  # on-policy: this generation's (or the last one's)
+
+
+def step_metrics(policy: Policy, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """An update's metrics as floats, with the learning rate of an `Optimized` policy."""
+    out = {k: float(v) for k, v in metrics.items()}
+    if isinstance(policy, Optimized):
+        out["learning_rate"] = float(policy.optimizer.param_groups[0]["lr"])
+    return out
+
+
+@dataclass(eq=False)
+class Training:
+    """One learn task's training, from its policy's restore to its final report."""
+
+    cfg: RunConfig
+    policy: Policy
+    storage: Storage
+    storage_url: str  # for a data process, which opens storage itself
+    seed: int  # the learn task's
+    agent: WorkerAgent
+    closing: threading.Event
+    publisher: Publisher
+    session: GroupSession
+    timers: LearnerTimers
+    progress: Progress
+    checkpoints: CheckpointStore
+    feedback: PriorityFeedback = field(default_factory=PriorityFeedback)
+    dataset_scores: dict[str, float] = field(default_factory=dict)  # eval.dataset, unsent
+    checkpoint_every: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checkpoint_every = self.cfg.checkpoint.every_train_iterations
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint, if any (a restarted learner or a resumed
+        run), and publish after the newest version in storage: versions only ever increase,
+        also across learner restarts."""
+        restored = self.checkpoints.latest()
+        if restored is not None:
+            self.policy.load_state_dict(restored[0])
+            p = self.progress
+            p.resumed_from = p.last_checkpoint = self.policy.train_iterations
+            log.info("resumed from checkpoint at train iteration %d", p.resumed_from)
+        self.timers.mark(self.policy.train_iterations)
+        latest = self.storage.latest_version()
+        self.publisher.attach(self.storage, -1 if latest is None else latest)
+
+    def formed(self, assignment: GroupAssignment) -> None:
+        """A generation was formed: go on from its state; its publisher announces it."""
+        self.progress.train_iterations = self.policy.train_iterations
+        if assignment.publisher:
+            self.publish()
+
+    def finish(self) -> None:
+        """The run is over or the learner is closing: the publisher's last version and
+        checkpoint, then the last report (with the chunks consumed since the one before)."""
+        if self.session.is_publisher and self.session.assignment is not None:
+            self.publish()
+            self.maybe_checkpoint(force=True)
+        feeder = self.progress.feeder
+        self.report(feeder.take_consumed() if feeder else None)
+
+    def publish(self, wait: bool = True) -> None:
+        """Publish the next version. The publish thread writes it (`learner/publisher.py`);
+        `wait` (forming a group, ending) waits until it is in storage, retrying through an
+        outage, because versions must reach collectors in order."""
+        t0 = time.perf_counter()
+        try:
+            self.publisher.submit(self.policy.policy_state(), self.policy.train_iterations)
+            if wait:
+                self.publisher.flush()
+        except PublishConflict as err:  # another learner publishes: this one must not
+            raise GroupError(str(err)) from err
+        self.timers.publish_s += time.perf_counter() - t0
+
+    def maybe_checkpoint(self, force: bool = False) -> None:
+        """Save a checkpoint every `checkpoint.every_train_iterations` (or now, if `force`),
+        on the publisher only, never twice at one train iteration. A storage outage skips
+        it: the next interval tries again."""
+        iterations = self.policy.train_iterations
+        last = self.progress.last_checkpoint
+        if (not force and iterations - last < self.checkpoint_every) or \
+                not self.session.is_publisher:
+            return
+        if iterations == last and last > 0:
+            return  # nothing new since the last one
+        t0 = time.perf_counter()
+        try:
+            self.checkpoints.save(self.policy.state_dict(), iterations, self.publisher.version)
+        except StorageError as err:
+            log.warning("checkpoint at train iteration %d not saved: %s", iterations, err)
+            return
+        self.progress.last_checkpoint = iterations
+        self.timers.checkpoint_s += time.perf_counter() - t0
+
+    def timers_ms(self) -> dict[str, float]:
+        """ms per train iteration since the last report, by phase."""
+        feed = self.progress.prefetcher
+        return self.timers.per_iteration(self.policy.train_iterations,
+                                         feed.fetch_s if feed else 0.0,
+                                         self.session.allreduce_seconds())
+
+    def report(self, consumed: list[Consumed] | None = None) -> bool:
+        """Send learn-info from this thread; True when the coordinator says the run is over.
+        Consumed chunk ids that could not be delivered go back to the feeder for the next
+        report."""
+        consumed = consumed or []
+        try:
+            resp = self.agent.client.post(f"{API}/learn-info", LearnInfo(
+                worker_id=self.agent.worker_id, train_iterations=self.policy.train_iterations,
+                policy_version=self.publisher.version, metrics=self.progress.metrics,
+                priorities=self.feedback.take(), consumed=consumed,
+                timers=self.timers_ms()), LearnInfoResponse)
+        except HttpError as err:
+            # Priorities are soft state: a lost update only leaves older priorities in place.
+            log.warning("learn-info not delivered: %s", err)
+            feeder = self.progress.feeder
+            if consumed and feeder is not None:
+                feeder.give_back(consumed)
+            return False
+        if resp.best_policy_version is not None:
+            self.checkpoints.mark_best(resp.best_policy_version)
+        return resp.stop
+
+    def learn_info(self) -> Callable[[], LearnInfo]:
+        """A report for the `Reporter`'s thread: the snapshot is taken here, on the training
+        thread; the body is built there."""
+        worker_id, iterations, version = (self.agent.worker_id, self.policy.train_iterations,
+                                          self.publisher.version)
+        metrics, priorities, timers = dict(self.progress.metrics), \
+            self.feedback.take_arrays(), self.timers_ms()
+        scores, self.dataset_scores = self.dataset_scores, {}
+        return lambda: LearnInfo(worker_id=worker_id, train_iterations=iterations,
+                                 policy_version=version, metrics=metrics,
+                                 priorities=updates_from(priorities), consumed=[],
+                                 timers=timers, dataset_eval=scores)
+
+    def mark_best(self, reporter: Reporter) -> None:
+        """Protect the checkpoint of the best-evaluated version the reporter heard of."""
+        best = reporter.best_policy_version
+        if best is not None:
+            reporter.best_policy_version = None
+            self.checkpoints.mark_best(best)

@@ -1,0 +1,162 @@
+"""What `rlfleet up` or `rlfleet resume` starts, decided before anything starts: the run's
+resolved config, its run directory and storage, how many collectors and learners, and on
+which port the coordinator serves (`Plan`). Making the plan checks the config (exit 2 and one
+line naming the field, before any child exists) and writes what the run directory keeps of
+it: `config.yaml`, the resolved config every child reads, and `launch.json`, the worker counts
+a resume of a run killed before its summary starts again with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlfleet.precheck import check_config
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.infra.storage.credentials import (
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
+    configured_password,
+    has_password,
+    split_password,
+)
+from rlfleet.shared.run.config import RunConfig, dump_config, load_config, parse_config
+
+CONFIG_FILE = "config.yaml"  # the resolved config, in the run directory
+LAUNCH_FILE = "launch.json"  # the worker counts a run was started with
+DEFAULT_COLLECTORS = 2  # a resumed run that left no record of its own count
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run about to start. `config` is what `config_path` holds: the file's config with
+    the command line's seed, budget and learner count, the run's name (its directory's, unique
+    per run, so a shared Redis never mixes runs) and its storage."""
+
+    config: RunConfig
+    config_path: Path     # <run_dir>/config.yaml
+    config_named: str     # the config as the command line named it (summary.json: config)
+    run_dir: Path
+    storage: str          # with any password redacted (the children get it from the env)
+    collectors: int
+    learners: int
+    learners_given: int | None  # as asked for (launch.json); None: the config's count
+    resume: bool = False
+    # A resume given --collectors: it replaces the wish the coordinator restores.
+    replaces_wish: bool = False
+    port: int | None = None  # the coordinator's on 127.0.0.1; None: a free one
+    collector_nice: int = 0
+    max_restarts: int = 0
+
+    def headline(self) -> str:
+        """The launcher's first line (rich markup)."""
+        learners = f"{self.learners} learner{'s' if self.learners != 1 else ''}"
+        return (f"[bold]rlfleet {'resume' if self.resume else 'up'}[/]: {self.config.env.id} "
+                f"with {self.collectors} collectors, {learners}, storage {self.storage}, "
+                f"run dir {self.run_dir}")
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The plan of `rlfleet up` (or, with `args.resume`, of `rlfleet resume`), its config
+    checked and its files written to the run directory. Raises `ConfigError`."""
+    plan = _resume(args) if getattr(args, "resume", False) else _up(args)
+    (plan.run_dir / LAUNCH_FILE).write_text(json.dumps(
+        {"collectors": plan.collectors, "learners": plan.learners_given}))
+    return plan
+
+
+def _up(args: argparse.Namespace) -> Plan:
+    cfg = load_config(args.config)
+    check_config(cfg, args.config)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    storage = hold_password(args.storage or cfg.storage or str(run_dir / "storage"))
+    learner = None
+    if args.learners is not None:  # validated like the file's learner.count
+        learner = {**cfg.learner.model_dump(), "count": args.learners}
+    cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage,
+                             stop=_budget(cfg, args), learner=learner)
+    data = absolute_paths(cfg.model_dump(mode="json"), run_dir)
+    config_path = run_dir / CONFIG_FILE
+    config_path.write_text(dump_config(data))
+    config = parse_config(data, str(config_path))
+    return Plan(config=config, config_path=config_path, config_named=str(args.config),
+                run_dir=run_dir, storage=storage, collectors=args.collectors,
+                learners=config.learner.count if args.learners is None else args.learners,
+                learners_given=args.learners, port=args.port,
+                collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+
+
+def _resume(args: argparse.Namespace) -> Plan:
+    """A run directory `rlfleet up` made: its resolved config names the run and its storage,
+    where the coordinator's snapshot and the learner's checkpoints are. Counts not given are
+    the run's last (summary.json is written as a run ends; a run killed before then left
+    launch.json); the coordinator restores the last `rlfleet scale` wish besides."""
+    run_dir = Path(args.run_dir).resolve()
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
+    cfg = load_config(config_path)
+    check_config(cfg, config_path)
+    stop = _budget(cfg, args)
+    if stop != cfg.stop.model_dump():
+        cfg = cfg.with_overrides(stop=stop)
+        config_path.write_text(dump_config(cfg.model_dump(mode="json")))
+    previous = next((p for p in (run_dir / "summary.json", run_dir / LAUNCH_FILE)
+                     if p.is_file()), None)
+    before = json.loads(previous.read_text()) if previous is not None else {}
+    collectors = (args.collectors if args.collectors is not None
+                  else before.get("collectors", DEFAULT_COLLECTORS))
+    learners = args.learners if args.learners is not None else before.get("learners")
+    assert cfg.storage is not None  # `up` always writes the storage it used
+    storage = hold_password(cfg.storage)
+    return Plan(config=cfg, config_path=config_path, config_named=str(config_path),
+                run_dir=run_dir, storage=storage, collectors=collectors,
+                learners=cfg.learner.count if learners is None else learners,
+                learners_given=learners, resume=True,
+                replaces_wish=args.collectors is not None, port=args.port,
+                collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+
+
+def _budget(cfg: RunConfig, args: argparse.Namespace) -> dict:
+    """The config's stop rules with the command line's budget in place of its own."""
+    stop = cfg.stop.model_dump()
+    if args.max_wall_s:
+        stop["max_wall_s"] = args.max_wall_s
+    if args.max_env_steps:
+        stop["max_env_steps"] = args.max_env_steps
+    return stop
+
+
+def absolute_paths(data: dict, run_dir: Path) -> dict:
+    """Paths the workers read, made absolute (they may run elsewhere than this directory):
+    datasets relative to where `up` was run, the buffer saver's directory to the run's."""
+    for bcfg in data["buffers"].values():
+        if bcfg.get("path"):
+            bcfg["path"] = str(Path(bcfg["path"]).expanduser().resolve())
+    if (data["eval"].get("dataset") or {}).get("path"):
+        data["eval"]["dataset"]["path"] = str(Path(data["eval"]["dataset"]["path"])
+                                              .expanduser().resolve())
+    if data["collector"].get("save_to"):
+        data["collector"]["save_to"] = str(run_dir / Path(data["collector"]["save_to"])
+                                           .expanduser())
+    return data
+
+
+def hold_password(storage: str) -> str:
+    """The storage URL with its password redacted, for the config, the console and every
+    file of the run. The processes this launcher starts get the password in their
+    environment (`RLFLEET_STORAGE_PASSWORD`), never on a command line; a URL whose password
+    was redacted already (a resumed run) needs it configured (`RLFLEET_STORAGE_PASSWORD_FILE`)."""
+    storage, password = split_password(storage)
+    if password is not None:
+        os.environ[PASSWORD_ENV] = password
+    elif has_password(storage) and configured_password() is None:
+        raise ConfigError(f"storage {storage} needs its password: name a file holding it in "
+                          f"{PASSWORD_FILE_ENV} (or give the whole URL with --storage)")
+    return storage

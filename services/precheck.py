@@ -1,0 +1,45 @@
+"""Whether a config can run, answered in the launcher without torch: the launcher watches the
+run for its whole length, and its first children are forks of it (`services/forking.py`),
+which torch's thread pools would not survive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.run.config import RunConfig
+
+
+def names_code(cfg: RunConfig) -> bool:
+    """Whether a config names code by import path (`algo.policy`, `algo.reward_model`, or an
+    `env.id` such as `package.module:Env`): only importing and building it can check it."""
+    return bool(cfg.algo.policy) or cfg.algo.reward_model is not None or ":" in cfg.env.id
+
+
+def check_config(cfg: RunConfig, path: Path | str) -> None:
+    """`check_runnable` without torch or anyone's code in this process. A built-in algorithm
+    on a gymnasium env is checked here without building the policy: the env's module,
+    gymnasium and numpy are what the forked collectors need anyway. A config that names code
+    by import path is built by a `rlfleet check` child (that code may import torch), whose
+    one-line error becomes ours. Raises `ConfigError`."""
+    if not names_code(cfg):
+        from rlfleet.shared.run.check import check_runnable
+
+        check_runnable(cfg, build=False)
+        return
+    done = subprocess.run([sys.executable, "-m", "rlfleet", "check", "--config",
+                           str(path)], capture_output=True, text=True, cwd=os.getcwd())
+    text = done.stderr.strip()
+    if done.returncode != 0:
+        said = text.find("rlfleet check: ")
+        if said >= 0:  # a ConfigError, said in full (after any warnings)
+            raise ConfigError(text[said:].removeprefix("rlfleet check: "))
+        last = text.splitlines()[-1] if text else f"exit code {done.returncode}"
+        raise ConfigError(f"building what {path} names failed: {last}")
+    # what the check warned of (an old import path, a name one typo from a hook)
+    for line in [*text.splitlines(), *done.stdout.splitlines()]:
+        if "Warning:" in line or line.startswith("warning: "):
+            print(line.strip(), file=sys.stderr)
