@@ -12,7 +12,7 @@ PYTHON ?= python3.11
 # edited later is compiled in memory as before (Python checks each file's time stamp).
 COMPILE = @$(PY) -m compileall -q -j 0 shared coordinator collector learner services >/dev/null
 
-.PHONY: install up test test-all lint bench clean
+.PHONY: install up test test-all lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
@@ -21,13 +21,14 @@ $(STAMP): pyproject.toml
 	$(COMPILE)
 	@touch $(STAMP)
 
-# The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`, `datasets`, and
-# `browser` for the dashboard's test): installed on top, so `make up` stays lean.
+# The tests also cover the extras (`games`, `atari`, `mujoco`, `envpool`, `datasets`,
+# `browser` for the dashboard's test, `docs` for the site's): installed on top, so `make up`
+# stays lean.
 # One pip run for all of it on a fresh machine (not `.[dev]` first and then again).
 $(GAMES): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs]'
 	$(COMPILE)
 	@touch $(STAMP) $(GAMES)
 
@@ -48,6 +49,13 @@ test-all: $(GAMES)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# The documentation site, built with --strict (a broken link or anchor fails) into a
+# temporary folder; `$(VENV)/bin/mkdocs serve` shows it while you edit.
+docs: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	@out=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d "$$out/site" \
+		&& echo "docs built in $$out/site"
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py

@@ -44,6 +44,8 @@ class AtariConfig(Frozen):
 
 
 class EnvConfig(Frozen):
+    """The environment every collector steps, as a vector env of `num_envs`."""
+
     id: str = Field("CartPole-v1", description="gymnasium environment id")
     num_envs: int = Field(4, ge=1, le=1024, description="envs per collector's vector env")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
@@ -74,6 +76,8 @@ class EnvConfig(Frozen):
 
 
 class CollectorConfig(Frozen):
+    """How collectors cut experience into chunks and hand them over."""
+
     mode: Literal["samples", "episodes"] = Field("samples", description="cut chunks by "
                                                  "transitions or by whole episodes")
     chunk_size: int = Field(256, ge=1, le=1_000_000, description="samples mode: transitions "
@@ -121,7 +125,12 @@ BufferKind = Literal["uniform", "prioritized", "episode", "queue", "dataset"]
 
 
 class BufferConfig(Frozen):
-    kind: BufferKind = "uniform"
+    """One named replay buffer of the coordinator's: an index of chunks in storage."""
+
+    kind: BufferKind = Field("uniform", description="uniform: transitions sampled uniformly; "
+                             "prioritized: proportional PER; episode: sequences inside one "
+                             "episode; queue: whole chunks, each handed out once (on-policy); "
+                             "dataset: a read-only Minari dataset")
     capacity: int = Field(100_000, ge=1, description="transitions held; the oldest go first")
     # uniform
     replacement: bool = Field(True, description="uniform: may one request repeat an item")
@@ -130,7 +139,8 @@ class BufferConfig(Frozen):
     # prioritized
     alpha: float = Field(0.6, ge=0, description="prioritized: priority exponent")
     beta: float = Field(0.4, ge=0, le=1, description="prioritized: initial IS exponent")
-    beta_final: float = Field(1.0, ge=0, le=1)
+    beta_final: float = Field(1.0, ge=0, le=1, description="prioritized: the IS exponent "
+                              "after beta_anneal_iterations")
     beta_anneal_iterations: int = Field(100_000, ge=1, description="train iterations over "
                                         "which beta goes to beta_final")
     # episode
@@ -159,8 +169,11 @@ class BufferConfig(Frozen):
 
 
 class MixPart(Frozen):
-    buffer: str
-    fraction: float = Field(gt=0, le=1)
+    """A share of every batch, drawn from one buffer."""
+
+    buffer: str = Field(description="the buffer's name (a key of buffers)")
+    fraction: float = Field(gt=0, le=1, description="its share of each batch (the shares sum "
+                            "to 1)")
     reward: float | None = Field(None, description="every row drawn from this buffer gets "
                                  "this reward (SQIL: expert 1, agent 0), set by the learner "
                                  "at batch assembly; null: the stored rewards")
@@ -177,6 +190,8 @@ def split_batch(batch_size: int, fractions: list[float]) -> list[int]:
 
 
 class LearnerConfig(Frozen):
+    """How learners are fed and how often they publish, report and checkpoint."""
+
     count: int = Field(1, ge=1, le=1024, description="learners training one policy as a "
                        "data-parallel group (`rlfleet up --learners N`); each takes "
                        "1/count of every batch")
@@ -227,12 +242,14 @@ class DatasetEvalConfig(Frozen):
     """The metric evaluator: the current policy against a held-out dataset."""
 
     path: str | None = Field(None, description="a Minari dataset's directory")
-    minari_id: str | None = None
+    minari_id: str | None = Field(None, description="a Minari dataset id, looked up under "
+                                  "MINARI_DATASETS_PATH (default ~/.minari/datasets)")
     metric: Literal["action_accuracy", "td_error", "return_prediction"] = Field(
         "action_accuracy", description="action_accuracy: share of steps whose greedy action is "
         "the dataset's; td_error: mean |r + gamma max_a' Q(s', a') - Q(s, a)|; "
         "return_prediction: mean |max_a Q(s, a) - discounted return from s|")
-    every_train_iterations: int = Field(1000, ge=1)
+    every_train_iterations: int = Field(1000, ge=1, description="score the policy every "
+                                        "this many train iterations")
     max_steps: int = Field(100_000, ge=1, description="steps of the dataset used (its first)")
 
     @model_validator(mode="after")
@@ -247,13 +264,16 @@ class VideoConfig(Frozen):
 
     every_evaluations: int = Field(1, ge=1, description="record every this many evaluations "
                                    "(the first one included)")
-    fps: int = Field(30, ge=1, le=240)
+    fps: int = Field(30, ge=1, le=240, description="frames per second of the video")
     episodes: int = Field(1, ge=1, le=10, description="deterministic episodes per video")
     max_frames: int = Field(3000, ge=1, le=100_000, description="a video stops after this many "
                             "frames (an episode that never ends must not fill memory)")
 
 
 class EvalConfig(Frozen):
+    """Evaluations: episodes on a collector's own envs, greedy and then exploring; a greedy
+    mean at `stop_value` ends the run as solved."""
+
     every_env_steps: int | None = Field(5000, ge=1, description="evaluate every this many "
                                         "env steps")
     every_train_iterations: int | None = Field(None, ge=1, description="or every this many "
@@ -263,7 +283,8 @@ class EvalConfig(Frozen):
                                  "run before then)")
     stochastic: bool = Field(True, description="also run the same episodes with the "
                              "exploring policy, logged under eval/stochastic")
-    episodes: int = Field(10, ge=1, le=1000)
+    episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation (and as "
+                          "many again with the exploring policy when stochastic)")
     num_envs: int = Field(10, ge=1, le=1000, description="eval episodes run side by side")
     stop_value: float | None = Field(475.0, description="mean deterministic return that ends "
                                      "the run as solved")
@@ -274,16 +295,22 @@ class EvalConfig(Frozen):
 
 
 class StopConfig(Frozen):
-    max_env_steps: int | None = Field(None, ge=1)
+    """When a run ends besides being solved (`eval.stop_value`): whichever comes first."""
+
+    max_env_steps: int | None = Field(None, ge=1, description="env steps of all collectors "
+                                      "together")
     max_train_iterations: int | None = Field(None, ge=1, description="offline runs have no "
                                              "env steps to count")
-    max_wall_s: float | None = Field(None, gt=0)
+    max_wall_s: float | None = Field(None, gt=0, description="seconds since the run began "
+                                     "(a resumed run counts from where it stopped)")
 
 
 SCOPES = ("train", "collect", "eval", "update", "info")
 
 
 class ScopeConfig(Frozen):
+    """How often one logging scope is written, and what becomes of array values."""
+
     every_env_steps: int = Field(0, ge=0, description="write this scope at most once per this "
                                  "many env steps (0: every time it is logged)")
     arrays: Literal["drop", "minmeanmax"] = Field("drop", description="array values: left "
@@ -297,9 +324,13 @@ def _default_scopes() -> dict[str, ScopeConfig]:
 
 
 class WandbConfig(Frozen):
-    enabled: bool = False
-    project: str = "rlfleet"
-    entity: str | None = None
+    """Weights & Biases (the `wandb` extra); a missing or broken wandb logs one warning and
+    never fails the run."""
+
+    enabled: bool = Field(False, description="log the run's scalars to W&B too")
+    project: str = Field("rlfleet", description="the W&B project")
+    entity: str | None = Field(None, description="the W&B entity (team or user); null: "
+                               "wandb's default")
     mode: Literal["online", "offline"] = Field("offline", description="offline needs no "
                                                "network; `wandb sync` uploads later")
 
@@ -310,8 +341,8 @@ class LoggingConfig(Frozen):
 
     scopes: dict[str, ScopeConfig] = Field(default_factory=_default_scopes, description="train,"
                                            " collect, eval, update, info: each its interval")
-    tensorboard: bool = True
-    jsonl: bool = True
+    tensorboard: bool = Field(True, description="TensorBoard event files in <run-dir>/tb/")
+    jsonl: bool = Field(True, description="every record as a line of <run-dir>/metrics.jsonl")
     episodes: bool = Field(True, description="every finished episode as a row of "
                            "episodes.jsonl (about 0.3 KB a row: a run of short episodes left "
                            "for a week may want it off)")
@@ -327,18 +358,25 @@ class LoggingConfig(Frozen):
 
 
 class CheckpointConfig(Frozen):
+    """The learner's full state (networks, optimizer, counters) in storage."""
+
     every_train_iterations: int = Field(5000, ge=1, description="the learner saves its full "
                                         "state this often, and at the end")
     keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best")
-    prefix: str = Field("ckpt", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+    prefix: str = Field("ckpt", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
+                        description="checkpoints are stored as <prefix>-<train iteration>")
     metadata: dict[str, str] = Field(default_factory=dict, description="extra strings stored "
                                      "in every checkpoint")
 
 
 class CoordinatorConfig(Frozen):
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_timeout_s: float = Field(10.0, gt=0)
-    task_push_timeout_s: float = Field(5.0, gt=0)
+    """Membership, snapshots and storage upkeep."""
+
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often workers heartbeat")
+    heartbeat_timeout_s: float = Field(10.0, gt=0, description="a worker silent this long is "
+                                       "declared dead: its tasks go to others")
+    task_push_timeout_s: float = Field(5.0, gt=0, description="how long the coordinator waits "
+                                       "for a worker to accept a pushed task")
     snapshot_interval_s: float | None = Field(30.0, gt=0, description="how often buffers' "
                                               "indexes and counters are saved to storage")
     gc_interval_s: float = Field(10.0, gt=0, description="how often storage is scanned for "

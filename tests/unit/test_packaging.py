@@ -82,3 +82,11 @@ def test_an_unknown_config_name_lists_the_packaged_ones(tmp_path):
 def test_the_package_is_typed():
     assert (REPO / "services" / "py.typed").is_file()
     assert "py.typed" in _setuptools()["package-data"]["rlfleet"]
+
+
+def test_every_public_name_resolves():
+    import rlfleet
+
+    for name in rlfleet.__all__:
+        assert getattr(rlfleet, name) is not None, name
+    assert rlfleet.load_config("cartpole-dqn").algo.name == "dqn"
