@@ -8,8 +8,8 @@ PYTHON ?= python3.11
 
 # The project's own modules compiled once, as pip compiles what it installs: where
 # PYTHONDONTWRITEBYTECODE is set (CI machines, containers) every process would otherwise
-# compile them again at each start, a tenth of a second of `rlfleet up`'s start-up. A module
-# edited later is compiled in memory as before (Python checks each file's time stamp).
+# compile them again at each start, on the path to `rlfleet up`'s first chunk. A module edited
+# later is compiled in memory (Python checks each file's time stamp).
 COMPILE = @$(PY) -m compileall -q -j 0 shared coordinator collector learner services >/dev/null
 
 .PHONY: install up test test-all lint bench docs clean

@@ -102,8 +102,7 @@ class Evaluator:
         runs = {}
         for deterministic in (True, False) if task.stochastic else (True,):
             done = evaluate(envs, policy, task.episodes, task.seed, deterministic)
-            # successes only from envs that report them: the report of any other env is
-            # what it always was
+            # successes only from envs that report them: any other env's report has none
             known = any(s is not None for s in done.successes)
             runs["deterministic" if deterministic else "stochastic"] = EvalEpisodes(
                 returns=done.returns, lengths=done.lengths,

@@ -315,11 +315,10 @@ def _own_randomness(policy: Policy, seed: int) -> Iterator[None]:
     """Evaluation draws from generators seeded with its own seed, and leaves the policy's
     (`SeededActing.rng`, numpy) and torch's global generator as it found them.
 
-    Why: a stochastic evaluation drew its exploration from the stream the policy acts with,
-    so how often a run was evaluated changed what it then collected and learned (in one
-    process, adding the stochastic episodes alone moved CartPole DQN's env steps to solve on
-    five seeds from 55k-72k to 82k-96k, on nothing but the shifted draws), and its figures
-    could not be reproduced from the evaluation's seed."""
+    Why: a stochastic evaluation that drew its exploration from the stream the policy acts
+    with would make how often a run is evaluated change what it then collects and learns
+    (bench/RESULTS.md has CartPole DQN's env steps to solve with and without it), and its
+    figures could not be reproduced from the evaluation's seed."""
     gen = policy.rng if isinstance(policy, SeededActing) else None
     saved = None
     if isinstance(gen, np.random.Generator):

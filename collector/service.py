@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from rlfleet.collector.acting import Acting, PolicyRefresher
 from rlfleet.collector.adder import StorageAdder
-from rlfleet.collector.collecting import CollectLoop, wait_for_permit
+from rlfleet.collector.collecting import CollectLoop
 from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.evaluator import EvaluationCrashed
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.torch_loader import TorchLoader
-from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.contract.schemas import (
     CollectTask,
     EvaluateTask,
@@ -35,7 +34,7 @@ from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService
 
 if TYPE_CHECKING:
-    from rlfleet.collector.weights import StorageWeightSource
+    pass
 
 log = logging.getLogger("rlfleet.collector")
 
@@ -145,15 +144,6 @@ class CollectorService(WorkerService):
 
     # -- what tests drive without the loop --------------------------------------------------
 
-    def _refresh(self, policy: Policy, weights: StorageWeightSource,
-                 force: bool = False) -> None:
-        """The loop's policy refresh, on `policy` and `weights`."""
-        self.refresher.refresh(policy, weights, force)
-
-    def _wait_for_permit(self, adder: StorageAdder) -> bool:
-        """The loop's wait for a collect permit, for `adder`."""
-        return wait_for_permit(self.agent, adder, self._closing)
-
     # -- reporting --------------------------------------------------------------------------
 
     @property
@@ -161,11 +151,6 @@ class CollectorService(WorkerService):
         """The run's adder, once the loop has made it."""
         loop = self._loop
         return loop.adder if loop is not None else None
-
-    @property
-    def policy_version(self) -> int:
-        """The version acting now; -1 before a published one."""
-        return self.counters.policy_version
 
     def heartbeat_status(self) -> dict[str, float]:
         held, failures = self._storage_counters()

@@ -1,9 +1,9 @@
 """Loading torch in the background while a collector starts.
 
-torch takes 2-3 s to import, longer than everything else a collector does before its first
+torch takes seconds to import, longer than everything else a collector does before its first
 chunk, and nothing needs it before the real policy acts (`collector/acting.py`). So it loads
 on a thread of its own, nicer than the process, begun once the first chunk is in (an import
-holds the GIL, and a nicer thread holding it kept the registration and the first chunk
+holds the GIL, and a nicer thread holding it would keep the registration and the first chunk
 waiting) or as soon as the loop needs it.
 """
 
@@ -18,11 +18,11 @@ from rlfleet.shared.infra.priority import IMPORT_NICE, nicer
 
 def _load_torch_library() -> None:
     """Map torch's main shared library before `import torch` does. An import holds the GIL
-    throughout, and the dynamic loader's work on libtorch_cpu (a third of a second, more on a
-    busy core) held up every other thread of the collector: on a nicer thread, its
-    registration and first chunk waited behind a thread the scheduler kept waiting (a
-    priority inversion). ctypes releases the GIL while it loads; the import then finds the
-    library loaded. Nothing changes where it cannot be found."""
+    throughout, and the dynamic loader's work on libtorch_cpu (a large library) would hold up
+    every other thread of the collector: on a nicer thread, its registration and first chunk
+    would wait behind a thread the scheduler keeps waiting (a priority inversion). ctypes
+    releases the GIL while it loads; the import then finds the library loaded. Nothing changes
+    where it cannot be found."""
     import ctypes
     from importlib.util import find_spec
 
@@ -42,7 +42,7 @@ class TorchLoader:
 
     The thread runs `IMPORT_NICE` steps nicer than the process (Linux sets niceness per
     thread): while the whole cluster starts on a small machine, the coordinator's start, this
-    collector's registration and its first chunks should get the cores before 2-3 CPU seconds
+    collector's registration and its first chunks should get the cores before the CPU seconds
     of importing torch that nothing needs yet."""
 
     def __init__(self) -> None:

@@ -294,7 +294,7 @@ class EvaluationSchedule:
         self.best_policy_version = counters.get("best_policy_version")
         kept = [EvaluationResult.model_validate(e) for e in counters.get("evaluations", [])]
         self.total = int(counters.get("evaluations_total", len(kept)))
-        if any(e.seq == 0 for e in kept):  # a snapshot from before evaluations had numbers
+        if any(e.seq == 0 for e in kept):  # an earlier version's snapshot: no numbers
             first = self.total - len(kept) + 1
             kept = [e.model_copy(update={"seq": first + i}) for i, e in enumerate(kept)]
         self.evaluations.extend(kept)

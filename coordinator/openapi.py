@@ -42,7 +42,7 @@ def _version() -> str:
 
 def _new_spec():
     """spectree, made when the document is first asked for: importing it and decorating every
-    route cost the coordinator about 0.3 s of start-up, on the path to a run's first chunk.
+    route would add to the coordinator's start-up, on the path to a run's first chunk.
 
     `strict`: only routes decorated here are documented (not /metrics, nor this document).
     `path` names spectree's own doc routes, which are never registered (`register` is not

@@ -30,7 +30,8 @@ from rlfleet.coordinator.readout import Readout
 
 EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
 UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)
-# From a cached GET (~0.5 ms) to long polls (`/sample` and `/permits/collect` may wait).
+# From a cached GET (under a millisecond) to long polls (`/sample` and `/permits/collect`
+# may wait).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)
 # Werkzeug passes any method token through; anything else is one label value, not many.

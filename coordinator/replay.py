@@ -238,8 +238,8 @@ class Replay:
                     self.holders.update(dict.fromkeys(refs.chunk_ids, worker_id))
             if not chunk_ids:
                 # The first part's ids (distinct, as every buffer gives them) are the list as
-                # it is: renumbering the 700 chunks of a 32-batch request one by one took a
-                # third of the sample's time.
+                # it is: renumbering the hundreds of chunks of a many-batch request one by one
+                # would be a large share of the sample's time.
                 chunk_ids = list(refs.chunk_ids)
                 if len(plan) > 1:
                     index_of = {cid: k for k, cid in enumerate(chunk_ids)}

@@ -1,14 +1,14 @@
 """Decoded chunks kept in one preallocated array per field, in equal slots.
 
 A learner request names hundreds of chunks. Concatenating their columns for every request
-copied the whole sampled working set each time (4 ms of every 32-update request in the
-profile). In the arena each chunk is written once, when first seen, into a slot; a batch is
-then one fancy index per field over the arena, whatever the number of chunks it touches.
-Chunks never change, so a slot needs no invalidation, only LRU reuse.
+would copy the whole sampled working set each time, time taken from the updates it feeds.
+In the arena each chunk is written once, when first seen, into a slot; a batch is then one
+fancy index per field over the arena, whatever the number of chunks it touches. Chunks never
+change, so a slot needs no invalidation, only LRU reuse.
 
-Chunks of stacked image observations hold each frame once (`shared/contract/frames.py`): a slot then
-has room for `slot_frames` frames beside its rows, and a row's frame indices are stored
-rebased to the arena, so a batch's stacks are one more gather
+Chunks of stacked image observations hold each frame once (`shared/contract/frames.py`): a
+slot then has room for `slot_frames` frames beside its rows, and a row's frame indices are
+stored rebased to the arena, so a batch's stacks are one more gather
 (`rlfleet.shared.contract.frames.take`).
 """
 

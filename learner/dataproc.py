@@ -2,16 +2,16 @@
 in a process of its own, ready batches in shared memory.
 
 With a small network an update takes about a millisecond, and a prefetch thread in the same
-process (JSON, decoding, fancy-indexing) held the GIL just when the training thread came back
-from a torch call: the learner reached 0.6-0.8 of the update rate of the same loop fed from
-memory. Here the training thread is alone with its GIL. As in Sample Factory, the batches
-never cross a pipe: the data process writes each answer's batches into one of a few
-shared-memory slots (files in /dev/shm, mapped by both processes) and sends a one-line JSON
-message naming the slot and the layout; the learner maps the slot once and wraps the rows in
-torch tensors without a copy. It hands a slot back when it asks for the next batches, so the
-data process can run at most `depth` answers ahead.
+process (JSON, decoding, fancy-indexing) holds the GIL just when the training thread comes
+back from a torch call, so the learner falls well short of the update rate of the same loop
+fed from memory (bench/RESULTS.md). Here the training thread is alone with its GIL. As in
+Sample Factory, the batches never cross a pipe: the data process writes each answer's batches
+into one of a few shared-memory slots (files in /dev/shm, mapped by both processes) and sends
+a one-line JSON message naming the slot and the layout; the learner maps the slot once and
+wraps the rows in torch tensors without a copy. It hands a slot back when it asks for the next
+batches, so the data process can run at most `depth` answers ahead.
 
-The data process imports no torch (0.3 s and ~60 MB, not 2 s and ~250 MB). It reads its
+The data process imports no torch, so it starts fast and stays small. It reads its
 settings as one JSON line on stdin and exits when stdin closes, so it never outlives the
 learner. Its stdout carries only messages; its log goes to stderr, the learner's log.
 

@@ -1,8 +1,8 @@
 """Publishing policy versions from a thread of its own, so the update loop never waits on
 storage.
 
-At tens of versions a second, encoding and writing each one on the training thread cost the
-learner a few percent of its updates (and a storage outage stopped training outright). The
+At tens of versions a second, encoding and writing each one on the training thread would
+take from the learner's updates (and a storage outage would stop training outright). The
 training thread only hands over a copy of the policy's tensors; this thread encodes and
 writes it. When versions come faster than storage takes them, the newest pending state wins:
 collectors only ever want the latest policy, and version numbers stay consecutive because a

@@ -2,11 +2,11 @@
 coordinator.
 
 Ten reports a second, each a round trip and a JSON body (with a prioritized buffer, thousands
-of new priorities), cost an off-policy learner a few percent of its updates when it sent them
-itself. The training thread now only snapshots what a report carries and hands it over; at
-most one report is in flight, and the next is due `interval` after the last one ended (a
-distant coordinator must not turn every update into a report). What the coordinator answers
-(the run is over, the best policy version) is kept for the training thread to act on.
+of new priorities), would take from an off-policy learner's updates if it sent them itself.
+The training thread only snapshots what a report carries and hands it over; at most one
+report is in flight, and the next is due `interval` after the last one ended (a distant
+coordinator must not turn every update into a report). What the coordinator answers (the run
+is over, the best policy version) is kept for the training thread to act on.
 """
 
 from __future__ import annotations

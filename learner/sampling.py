@@ -1,11 +1,12 @@
 """The learner's sample loop: sample references from the coordinator, chunks from storage.
 
 It asks for many batches per request, reads the chunks it does not have cached (chunks never
-change, so the cache needs no invalidation, only an LRU bound) and hands each answer, with the
-chunks' columns, to `deliver`. Where the batches go is the subclass's business: a queue of
-torch batches in the learner's own process (`learner/prefetch.py`), or shared memory written
-by a data process of its own (`learner/dataproc.py`). This module imports no torch, so a data
-process starts in a fraction of a second and costs little memory.
+change, so the cache needs no invalidation, only an LRU bound) and turns each answer, with the
+chunks' columns, into batches (`assemble`) that it passes on (`hand`). Where the batches go is
+the subclass's business: a queue of torch batches in the learner's own process
+(`learner/prefetch.py`), or shared memory written by a data process of its own
+(`learner/dataproc.py`). This module imports no torch, so a data process starts in a fraction
+of a second and costs little memory.
 
 In a learner group (`group`: generation and world size) each request names the next group
 batch wanted (a cursor) and the answer is this rank's shard of the group's batches, so the
@@ -104,7 +105,7 @@ class SampleLoop:
         raise NotImplementedError
 
     def on_change(self) -> None:
-        """Called after the loop's state (flags, counters) changed outside `deliver`."""
+        """Called after the loop's state (flags, counters) changed outside `hand`."""
 
     def wait_room(self) -> bool:
         """Block until an answer could be handed on (False: closing). Sampling only then

@@ -3,11 +3,11 @@ version's tensors into shared memory, the data process encodes and stores them.
 
 Encoding and storing a version costs about a millisecond of Python (safetensors, then a
 Redis round trip or two file writes), tens of times a second. On the learner's publish
-thread that millisecond was taken from the training thread: both run under one GIL, and a
-small network's update lets go of it at every torch call. On `bench/throughput.py` (batch
-64, three runs each, alternating) the learner reached 0.78-0.87 of its in-process ceiling
-with the publish thread writing, and 0.85-1.05 with the write skipped. Through the relay,
-the learner's share of a version is a copy into a mapped region and a line on a pipe.
+thread that millisecond would be taken from the training thread: both run under one GIL, and
+a small network's update lets go of it at every torch call (bench/RESULTS.md has the
+learner's share of its in-process ceiling with the publish thread writing and with the write
+skipped). Through the relay, the learner's share of a version is a copy into a mapped region
+and a line on a pipe.
 
 The publisher keeps its rules (order, the newest state wins, backoff through an outage,
 conflicts); the relay only moves where a write happens. When the data process cannot make a

@@ -41,8 +41,8 @@ def die_with_parent() -> None:
     # A process group of its own, so a terminal's Ctrl-C reaches the launcher only (which
     # stops the children in order), but not a session of its own: Linux's scheduler gives
     # every session (autogroup) an equal share of the CPU whatever its niceness, so with one
-    # session per child a niced collector or torch import took as much CPU as the learner's
-    # training thread or the coordinator's start.
+    # session per child a niced collector or torch import would take as much CPU as the
+    # learner's training thread or the coordinator's start.
     os.setpgid(0, 0)
 
 

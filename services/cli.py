@@ -59,8 +59,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run that stopped before it was done. A run that ended solved is finished:
-    training it again only risks the policy it found (an evaluation fell from 500 to 125
-    once), so that takes `--continue`."""
+    training it again only risks the policy it found (its next evaluations may score far
+    lower), so that takes `--continue`."""
     from rlfleet.launcher import up
 
     summary = Path(args.run_dir) / "summary.json"

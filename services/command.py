@@ -32,7 +32,7 @@ def setup_logging(role: str) -> None:
 
 def check_environment(command: str) -> None:
     """Fail before anything starts (exit 2, one line) on a token or body-limit setting that
-    would otherwise fail inside a gunicorn worker or a child process, as a traceback."""
+    would otherwise fail inside the served app or a child process, as a traceback."""
     from rlfleet.shared.infra.auth import load_token
     from rlfleet.shared.infra.webapp import max_body_bytes
 

@@ -1,14 +1,14 @@
-"""Starting a role in a forked copy of the launcher, the way gunicorn's `preload_app` and
-Sample Factory's workers start: what the role imports is imported once, in the launcher, and
-every child begins with it in memory.
+"""Starting a role in a forked copy of the launcher, the way a preforking web server
+preloads its app and Sample Factory's workers start: what the role imports is imported once,
+in the launcher, and every child begins with it in memory.
 
-Why: on a small machine a cluster's start is a fight for the cores. Each `python -m
-rlfleet <role>` child paid the interpreter's start, half a second of imports (Flask,
-pydantic, numpy, gymnasium, requests) and the config's parse again, all at once with the
-others and with the learner's torch import, so the coordinator answered 1.3-2 s after it was
-started and the first chunk came 3.5 s after the launch. A fork costs milliseconds, the
-imports are paid once, and the children share those pages copy-on-write (`gc.freeze` keeps
-the collector from touching them).
+Why: on a small machine a cluster's start is a fight for the cores. An exec'd `python -m
+rlfleet <role>` child pays the interpreter's start, its imports (Flask, pydantic, numpy,
+gymnasium, requests) and the config's parse again, all at once with the others and with the
+learner's torch import, which delays the coordinator's first answer and the first chunk
+(bench/RESULTS.md, "Time to the first chunk"). A fork costs milliseconds, the imports are
+paid once, and the children share those pages copy-on-write (`gc.freeze` keeps the collector
+from touching them).
 
 Forking is only safe while the launcher has no other thread (a lock held by a thread that
 does not exist in the child stays held for ever), and the launcher never imports torch (whose

@@ -2,8 +2,8 @@
 progress line, live on a terminal, printed every 5 s to a pipe or a file, none with `--quiet`.
 
 rich is imported when a `Progress` first prints, never with this module: the launcher's
-first message comes once its first children are forked, so they neither wait for rich's 50 ms
-of imports nor carry them. Lines are never cut at the console's width (80 columns when stderr
+first message comes once its first children are forked, so they neither wait for rich's
+imports nor carry them. Lines are never cut at the console's width (80 columns when stderr
 is a file or a pipe): paths and tracebacks stay whole in logs.
 """
 

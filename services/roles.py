@@ -45,8 +45,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
         return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
 
-    # One process, as the workers are: a gunicorn master beside it cost 25 MB and a fork at
-    # start, and bought nothing for an app that keeps its state in one process.
+    # One process, as the workers are: the app keeps its state in this process, so a second
+    # one beside it would buy nothing and cost memory.
     return serve_in_process(factory, args.host, args.port, threads=args.threads)
 
 

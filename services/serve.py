@@ -1,11 +1,10 @@
 """Serving a role's Flask app from inside our CLI: one process per role.
 
 The HTTP endpoint is a thread pool in the role's own process (cheroot, CherryPy's production
-WSGI server), beside the role's loop. A role keeps its state in memory, so it is one process
-anyway; threads serve concurrent requests (a learner's sample request can wait while
-collectors report). A second process bought nothing: a gunicorn master and its worker held
-torch twice in a worker role (about 150 MB of private memory each), and cost the coordinator
-25 MB and a fork at start. The process stops on SIGTERM/SIGINT: it stops serving (requests in
+WSGI server), beside the role's loop. A role keeps its state in memory, so it is one process;
+threads serve concurrent requests (a learner's sample request can wait while collectors
+report). A second process per role would buy nothing and cost memory: a worker role would
+hold torch twice. The process stops on SIGTERM/SIGINT: it stops serving (requests in
 flight finish), closes the service (a collector drains, a learner checkpoints, both leave the
 coordinator; the coordinator writes its final snapshot) and exits 0; a worker whose loop dies
 (`WorkerService.fail`) goes the same way and exits 1, so whatever supervises it (the

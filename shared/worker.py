@@ -5,8 +5,8 @@
   coordinator restarted or declared it dead), and leaves on shutdown.
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
-  `POST /task`, the same under gunicorn and the pytest client; with a cluster token set, all
-  but `/health` need it (`rlfleet.shared.infra.auth`).
+  `POST /task`, the same under cheroot (`services/serve.py`) and the pytest client; with a
+  cluster token set, all but `/health` need it (`rlfleet.shared.infra.auth`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class ChunkRegistry:
     indexed again (its bytes are gone). A collector resends an unanswered report within
     seconds (its backoff tops out at 2 s), so ids released in the last `remember_s` (10
     minutes), at most `remember_released` of them, are remembered: a fast run's window fills
-    in minutes and then stays at about 2 MB, instead of growing for an hour."""
+    in minutes and then stays at about 2 MB, however long the run."""
 
     def __init__(self, remember_released: int = 25_000, remember_s: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -15,8 +15,8 @@ def _refresh(tree: np.ndarray, leaves: np.ndarray, combine: np.ufunc) -> None:
     """Recompute every ancestor of the given leaf nodes, one level per step up to the root.
 
     The nodes are sorted once; shifting right keeps them sorted, so each level drops its
-    duplicates with one comparison of neighbours (np.unique per level sorted or hashed every
-    level again, and was most of the cost of a priority update)."""
+    duplicates with one comparison of neighbours (np.unique per level would sort or hash every
+    level again, most of the cost of a priority update)."""
     nodes = np.sort(leaves) >> 1
     lo, hi = int(nodes[0]), int(nodes[-1])
     if hi - lo + 1 <= nodes.size and lo >= 1 and np.all(np.diff(nodes) <= 1):

@@ -2,10 +2,10 @@
 kernel (`torch._fused_adam_`), without the `torch.optim` machinery around it.
 
 Why not `torch.optim.Adam` itself: building or stepping any `torch.optim` optimizer imports
-`torch._dynamo` and sympy (its methods are wrapped to keep the compiler out), which cost every
-learner about 70 MB of private memory and a CPU-second at its first update, and each step
-goes through those wrappers (about 0.14 ms of a 0.5-2 ms update of a small network on this
-project's machines). A learner on a small machine is the cluster's bottleneck.
+`torch._dynamo` and sympy (its methods are wrapped to keep the compiler out), which costs
+every learner tens of megabytes of private memory and a CPU-second or so at its first update,
+and each step goes through those wrappers, a noticeable share of a small network's update
+(bench/RESULTS.md). A learner on a small machine is the cluster's bottleneck.
 
 `state_dict()` has `torch.optim.Adam`'s layout (per-parameter `step`, `exp_avg`,
 `exp_avg_sq`; `param_groups` with `lr`, `betas`, `eps`), so checkpoints written with either

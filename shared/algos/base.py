@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 # torch for annotations only: a collector acts, and the launcher checks a config, before
-# torch (2-3 s to import) has loaded or without it.
+# torch (seconds to import) has loaded or without it.
 if TYPE_CHECKING:
     import torch
 

@@ -26,7 +26,7 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: type[nn.Mo
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before
     scaling. The same result as `torch.nn.utils.clip_grad_norm_`, in two foreach kernels:
-    on small CPU networks the library version's bookkeeping cost a third of each update."""
+    on small CPU networks the library version's bookkeeping is a large share of an update."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.linalg.vector_norm(torch.stack(foreach_norms(grads)))
     foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))

@@ -35,7 +35,7 @@ def fused_adam_available() -> bool:
 def adam(params: Iterable[torch.nn.Parameter], lr: float,
          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> Optimizer:
     """Adam over `params`: the fused kernel without `torch.optim` where this torch has it
-    (every learner saves the 70 MB and the per-step wrappers `torch.optim` costs), else
+    (every learner saves the memory and the per-step wrappers `torch.optim` costs), else
     `torch.optim.Adam`."""
     if fused_adam_available():
         from rlfleet.shared.algos.adam import FusedAdam

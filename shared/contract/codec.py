@@ -173,7 +173,7 @@ def _restore(arrays: dict[str, np.ndarray], raw: str) -> None:
 def encode_weights(state: Mapping[str, torch.Tensor],
                    metadata: Mapping[str, str] | None = None) -> bytes:
     """Tensors as safetensors; through numpy where every dtype has a numpy twin, the same
-    format as `safetensors.torch.save` at a third of its cost (the learner encodes tens of
+    format as `safetensors.torch.save` at a fraction of its cost (the learner encodes tens of
     versions a second)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     try:

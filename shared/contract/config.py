@@ -3,8 +3,8 @@
 `rlfleet.shared.run.config.RunConfig` assembles them with the algorithm's own config (from
 the algorithm registry). Unknown keys are errors (a typo in a hyperparameter must not
 silently fall back to a default), and every error names the dotted path of the offending
-field. Every field's description is the config reference (`docs/reference/config.md` is
-generated from them).
+field. Every field's description is the config reference (the site's
+`reference/config.md`, generated from them by `docs/hooks.py`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class AtariConfig(Frozen):
                                              "the chance the previous action repeats")
     noop_max: int = Field(30, ge=0, description="up to this many no-ops after a reset")
     terminal_on_life_loss: bool = Field(False, description="end an episode at each life lost "
-                                        "(an old trick; the protocol says no)")
+                                        "(not part of the protocol)")
     full_action_space: bool = Field(False, description="all 18 actions, not the game's own")
     max_episode_frames: int | None = Field(108_000, ge=1, description="emulator frames after "
                                            "which an episode is truncated (30 min of play)")

@@ -1,12 +1,12 @@
 """The binary form of a sample answer: its index arrays in one safetensors body.
 
 A sample answer for 32 batches of 256 carries three arrays of 8,192 integers (and weights,
-with a prioritized buffer). As JSON lists of lists, the coordinator spent its time in
+with a prioritized buffer). As JSON lists of lists, the coordinator would spend its time in
 `tolist()` and encoding, and the learner's data process in parsing and validating 25k
 numbers; as safetensors the arrays go as they are, both ways a memcpy. A client asks for it
 with `Accept: application/x-rlfleet-sample+safetensors`; the scalar fields and each part's
-name travel as JSON in the header's metadata. Everything else still speaks JSON (and a
-client that does not ask gets JSON).
+name travel as JSON in the header's metadata. Everything else speaks JSON (and a client that
+does not ask gets JSON).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ SuccessRate = Annotated[float | None, Field(ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 # `defer_build`: a model's validator is built when it is first used, not when this module is
-# imported: building all of them cost every role about 0.2 s of start-up, and a role uses few.
+# imported: building all of them would add to every role's start-up, and a role uses few.
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
@@ -885,6 +885,7 @@ class RecordsPage(Response):
     next: int = Field(description="the cursor to pass as `after` next time")
     latest: int = Field(description="the newest record's sequence number")
     missed: int = Field(description="records after the cursor that are no longer kept "
-                        "(the feed keeps the newest 20,000)")
+                        "(the feed keeps the newest 4,000 whole and, of older ones, a "
+                        "thinned history per scope)")
     more: bool = Field(description="more records are waiting: ask again at once")
     records: list[LogRecord]

@@ -9,9 +9,9 @@ callers ride out an unreachable peer by catching that one type.
 
 Plain `http://` to a peer no proxy setting covers (every role on its cluster network) goes over
 pooled `http.client` connections (`_KeepAlive`), not `requests`: a learner's data process asks
-for a sample every few milliseconds, and `requests` spent 0.7 ms of client CPU a round trip
-against 0.3 ms this way; it also sends headers and body in separate writes, which cost the
-server a further 0.3 ms to read. `requests` still carries HTTPS and proxied traffic.
+for a sample every few milliseconds, and `requests` costs more client CPU a round trip than
+this way does; it also sends headers and body in separate writes, which cost the server a
+further read (bench/RESULTS.md has both). `requests` carries HTTPS and proxied traffic.
 
 Every client carries the cluster's token (`rlfleet.shared.infra.auth.load_token()` unless
 given), so every role, the CLI and the benches reach a guarded cluster without each call site
@@ -268,11 +268,12 @@ def _session_for(base_url: str) -> requests.Session:
     """A session whose environment settings (proxies, CA bundle) are read once, here.
 
     Why: with `trust_env` on, `requests` reads them again on every request, walking the whole
-    environment twice for the proxy lookup and stat-ing `~/.netrc`: a fifth of a round trip's
-    client CPU on loopback, paid under the GIL by the learner's report thread (ten times a
-    second) and by every collector's chunk reports. Read once, the same proxy rules hold for
-    the process's life. And `.netrc` is left out on purpose: a matching entry there would
-    replace the cluster's bearer token with basic auth (`requests` lets netrc win)."""
+    environment twice for the proxy lookup and stat-ing `~/.netrc`: a sizeable share of a
+    round trip's client CPU on loopback, paid under the GIL by the learner's report thread
+    (ten times a second) and by every collector's chunk reports. Read once, the same proxy
+    rules hold for the process's life. And `.netrc` is left out on purpose: a matching entry
+    there would replace the cluster's bearer token with basic auth (`requests` lets netrc
+    win)."""
     session = requests.Session()
     session.trust_env = False
     session.proxies.update(requests.utils.get_environ_proxies(base_url))

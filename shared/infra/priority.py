@@ -1,8 +1,8 @@
 """Thread priorities: heavy imports run on a nicer thread while a cluster starts.
 
 On a small machine a cluster's start is a fight for the cores: the coordinator's start, the
-collectors' registration and their first chunks should get them before the 2-3 CPU seconds
-of importing torch that nothing needs yet. Linux sets niceness per thread, so a thread can
+collectors' registration and their first chunks should get them before the CPU seconds of
+importing torch that nothing needs yet. Linux sets niceness per thread, so a thread can
 lower its own priority without touching the process's other threads; elsewhere, or where it
 is not allowed, nothing changes.
 """

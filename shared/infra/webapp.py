@@ -5,7 +5,7 @@ the first offending field for a validation error, so a client sees what to fix.
 
 Bodies are capped at `RLFLEET_MAX_BODY_BYTES` (8 MB unless set), so no client can make a
 service buffer an unbounded body in memory (`parse_body` reads a body whole). Werkzeug
-refuses a `Content-Length` over it; a chunked body (gunicorn sets `wsgi.input_terminated`)
+refuses a `Content-Length` over it; a chunked body (cheroot sets `wsgi.input_terminated`)
 is read up to the limit and refused if it goes on (`read_body`). Either way the answer is a
 JSON 413 naming the limit.
 """

@@ -36,8 +36,8 @@ from rlfleet.shared.contract.config import (
     split_batch,
 )
 
-# libyaml's parser and emitter when PyYAML has them: the same documents in and out, about
-# seven times faster; every role and the launcher read the run's config as they start.
+# libyaml's parser and emitter when PyYAML has them: the same documents in and out, several
+# times faster; every role and the launcher read the run's config as they start.
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _FAST_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 

@@ -68,13 +68,13 @@ class JsonlWriter:
 
 class TensorBoardWriter:
     """Event files under `<run_dir>/tb/`, written with tensorboard's own event writer and
-    protos (0.17 s to import, against 1.5 s for torch's SummaryWriter: the coordinator does
-    not otherwise need torch). `purge_step` hides the events a crashed run wrote at or after
+    protos (a fraction of the import of torch's SummaryWriter: the coordinator does not
+    otherwise need torch). `purge_step` hides the events a crashed run wrote at or after
     that step, as SummaryWriter(purge_step=...) does: a SessionLog START event at that step,
     so a resumed run's curves have no duplicated points.
 
-    The import and the file open on a thread of their own: they were most of the
-    coordinator's start (0.16 of 0.21 s), which the whole cluster waits for. Records written
+    The import and the file open on a thread of their own: they would be most of the
+    coordinator's start, which the whole cluster waits for. Records written
     meanwhile are kept and go out first, after the purge event. If tensorboard cannot open,
     one error is logged and the run goes on without it, as it does without W&B."""
 

@@ -27,8 +27,8 @@ class RlfleetDeprecationWarning(DeprecationWarning):
 # names an old path should see what to write instead.
 warnings.simplefilter("always", RlfleetDeprecationWarning)
 
-# Where the modules of the package's first layout live now. The top-level names `shared`,
-# `services`, `coordinator`, `collector` and `learner` are no longer installed.
+# Each module of the package's first layout, and its name in `rlfleet`. The top-level names
+# `shared`, `services`, `coordinator`, `collector` and `learner` are not installed.
 MOVED_MODULES = {
     "shared.algos.adam": "rlfleet.shared.algos.adam",
     "shared.algos.base": "rlfleet.shared.algos.base",

@@ -29,7 +29,8 @@ class Run:
         self._url: str | None = None
 
     def pids(self, role: str, worker_id: str | None = None) -> list[int]:
-        """The role's processes (a gunicorn master and its worker share one command line)."""
+        """The role's processes: every process of the run whose command line runs the role
+        (one per worker: each role is one process)."""
         out = []
         for pid in self.up.descendants():
             cmd = proc_cmdline(pid) + " "
@@ -62,8 +63,8 @@ class Run:
         return r.json()
 
     def kill(self, role: str, worker_id: str | None = None) -> list[int]:
-        """SIGKILL every process of the role at once: a crash, not a shutdown (killing only
-        a gunicorn master lets its worker exit cleanly)."""
+        """SIGKILL every process of the role at once: a crash, not a shutdown (SIGTERM would
+        let it close cleanly)."""
         pids = self.pids(role, worker_id)
         assert pids, f"no {role} {worker_id or ''} process to kill"
         for pid in pids:

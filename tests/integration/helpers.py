@@ -171,9 +171,9 @@ def describe(pids: list[int]) -> str:
 
 
 class Service(Child):
-    """One `python -m rlfleet <role> ...` process (a gunicorn master and its worker),
-    in its own session so the whole group can be stopped: the launcher's `Child`, plus what
-    tests ask of it."""
+    """One `python -m rlfleet <role> ...` process, in its own session so the whole group
+    (a learner and its data process) can be stopped: the launcher's `Child`, plus what tests
+    ask of it."""
 
     def get(self, path: str, timeout: float = 5.0) -> dict:
         resp = requests.get(f"{self.url}{path}", timeout=timeout)
@@ -198,7 +198,7 @@ class Service(Child):
             self.proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
-        # Anything left in the group (a gunicorn worker) goes too.
+        # Anything left in the group (a learner's data process) goes too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()

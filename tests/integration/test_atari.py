@@ -28,7 +28,7 @@ def _config(tmp_path, base: str):
     for buffer in data["buffers"].values():
         buffer["rate_limit"]["min_size"] = 512
         buffer["rate_limit"]["error_buffer"] = 4096
-        if buffer.get("kind") != "queue":  # a Nature CNN update of 32 stacks takes ~0.2 s
+        if buffer.get("kind") != "queue":  # a Nature CNN update of 32 stacks is slow
             buffer["rate_limit"]["samples_per_insert"] = 0.5  # on one core: keep them few
             buffer["rate_limit"]["error_buffer"] = 256
     data["learner"]["chunk_cache"] = 64

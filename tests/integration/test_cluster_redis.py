@@ -1,9 +1,9 @@
 """A real cluster on Redis: one coordinator, one collector and one learner, each its own
 `python -m rlfleet` process, training CartPole until a small env-step budget runs out.
 
-The run happens once per module (it takes ~20-30 s on 2 cores); while it runs, the fixture
-samples how many chunks Redis holds next to how many the buffer holds, then waits until the
-cluster is quiet. The tests read what it left: coordinator status, worker status, Redis keys.
+The run happens once per module (it takes tens of seconds on 2 cores); while it runs, the
+fixture samples how many chunks Redis holds next to how many the buffer holds, then waits until
+the cluster is quiet. The tests read what it left: coordinator status, worker status, Redis keys.
 """
 
 from __future__ import annotations

@@ -38,8 +38,6 @@ SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 
 ROLES = {"coordinator": 8000, "learner": 8100, "collector": 8200}
 TOKEN_SECRET = "rlfleet-token"
-# RLFLEET_* names the containers set that services/cli.py does not read yet: the API token is
-# being implemented separately; until then the containers already carry it.
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -401,7 +399,7 @@ def test_every_rlfleet_container_reads_the_token_secret():
         assert ref["name"] == TOKEN_SECRET and ref["key"] in keys, role
 
 
-# -- crashes and restarts (issue 7) ---------------------------------------------------------
+# -- crashes and restarts -------------------------------------------------------------------
 
 def redis_appendonly(argv: list[str]) -> dict[str, str]:
     """`redis-server --appendonly yes --appendfsync everysec` as {option: value}."""
@@ -425,8 +423,9 @@ def test_coordinator_resumes_its_run_when_restarted(where: str,
 
 
 def test_compose_restarts_every_rlfleet_service_whatever_its_exit_code():
-    """A role whose loop dies stops its server with exit code 0 (services/serve.py), which
-    `restart: on-failure` would leave stopped."""
+    """A role exits 1 when its loop dies (services/serve.py) and 0 when it stops cleanly;
+    `restart: on-failure` would leave the latter stopped, as a Kubernetes Deployment never
+    does."""
     services = compose()["services"]
     for name in (*ROLES, "redis"):
         assert services[name].get("restart") in ("unless-stopped", "always"), name

@@ -17,9 +17,9 @@ from rlfleet.shared.telemetry.video import read_frames
 
 from .helpers import coordinator_url, small_config, wait_for
 
-# Only a safety net: the test stops the run once three evaluations are in. A budget of env
-# steps raced the evaluations: one collector spent 6 s on the first (with its video) while
-# the other collected all 16,000 steps of the old budget.
+# Only a safety net: the test stops the run once three evaluations are in. A small budget of
+# env steps would race the evaluations: one collector may spend seconds on the first (with
+# its video) while the other collects the whole budget.
 MAX_ENV_STEPS = 400_000
 
 

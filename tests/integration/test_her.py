@@ -28,7 +28,7 @@ def _config(tmp_path, her: bool) -> dict:
     if not her:
         data["algo"]["her"] = None
     # a fixed budget, twice what HER needs here, and the best of its evaluations: stopping
-    # at the first good mean return kept policies of 0.92-0.93 success now and then
+    # at the first good mean return can keep a policy that falls short of full success
     data["eval"].update(every_env_steps=2000, episodes=100, stop_value=None)
     data["stop"] = {"max_env_steps": 16_000, "max_wall_s": 240}
     return data

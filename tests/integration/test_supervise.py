@@ -1,4 +1,4 @@
-"""`rlfleet up` supervises its children (issue 7): a collector or the learner killed outright
+"""`rlfleet up` supervises its children: a collector or the learner killed outright
 (SIGKILL of its whole process group, as the OOM killer or a lost node would) is started again
 under its old worker id, registers again and the run carries on; the learner resumes from its
 last checkpoint and publishes versions above every one published before, and no collector
@@ -69,8 +69,8 @@ def _own_status(url: str, worker_id: str) -> dict:
 
 
 def _child_pid(up: Up, worker_id: str) -> int | None:
-    """The pid `rlfleet up` started for `worker_id`: a gunicorn master (its worker process
-    has the same command line, but the master as parent)."""
+    """The pid of the child `rlfleet up` started for `worker_id`: its command line names
+    the id, and the launcher is its parent."""
     for pid in up.descendants():
         if f"--worker-id {worker_id} " in proc_cmdline(pid) + " " and \
                 proc_ppid(pid) == up.proc.pid:
@@ -79,7 +79,8 @@ def _child_pid(up: Up, worker_id: str) -> int | None:
 
 
 def _kill_group(pid: int) -> None:
-    """SIGKILL a child and everything in its session (the launcher gives each its own)."""
+    """SIGKILL a child and everything in its process group (the launcher gives each child
+    its own): a learner and its data process at once."""
     os.killpg(pid, signal.SIGKILL)
 
 

@@ -241,7 +241,7 @@ class Net:
     def spawn(self, host: Host, name: str, argv: list[str],
               env: dict[str, str] | None = None) -> Proc:
         """`ip netns exec` execs the command itself, so the process is the role (and, in a
-        session of its own, the leader of a group that holds its gunicorn worker too)."""
+        session of its own, the leader of a group that holds a learner's data process too)."""
         log = self.workdir / f"{name}.log"
         with open(log, "ab") as out:
             popen = subprocess.Popen(host.cmd(*argv), stdout=out, stderr=subprocess.STDOUT,
@@ -329,7 +329,7 @@ class Net:
             stages.setdefault(STOP_ORDER.get(proc.name, 0), []).append(proc)
         for _, procs in sorted(stages.items()):
             for proc in procs:
-                if proc.alive():  # the leader only: gunicorn stops its worker gracefully
+                if proc.alive():  # the leader only: a learner ends its data process itself
                     with contextlib.suppress(ProcessLookupError):
                         proc.popen.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + grace_s

@@ -60,8 +60,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a server and its gunicorn worker at once: a crash. Killing only the master
-    is not one: its worker notices the new parent and shuts down cleanly."""
+    """SIGKILL a server and every process below it at once: a crash, not a shutdown
+    (SIGTERM would let it close cleanly)."""
     pids = [proc.pid, *descendants(proc.pid)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -242,10 +242,10 @@ class CoordinatorProc:
 class CoordinatorPool:
     """Starts `python -m rlfleet coordinator` subprocesses on free ports.
 
-    Booting one takes about a second (imports, gunicorn), nearly all of it on one core, so a
-    test module can `prewarm` the coordinators its tests will ask for: they boot side by
-    side, and `take` hands out a booted one with the same overrides. `release` sends SIGTERM;
-    `close` waits for every process (killing one that does not exit).
+    Booting one takes a while (the interpreter's start and imports), nearly all of it on one
+    core, so a test module can `prewarm` the coordinators its tests will ask for: they boot
+    side by side, and `take` hands out a booted one with the same overrides. `release` sends
+    SIGTERM; `close` waits for every process (killing one that does not exit).
     """
 
     def __init__(self, tmp_dir: Path) -> None:
@@ -353,8 +353,8 @@ class CoordinatorPool:
 
 TIMEOUT = 10
 
-# Every request closes its connection: a kept-alive socket held by a stray Response object
-# makes gunicorn's graceful shutdown wait for it, which slowed every teardown by seconds.
+# Every request closes its connection, so no kept-alive socket held by a stray Response object
+# outlives it: a server's graceful shutdown may wait for an open connection.
 HTTP = requests.Session()
 HTTP.headers["Connection"] = "close"
 

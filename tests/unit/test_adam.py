@@ -35,8 +35,9 @@ def test_the_same_updates_as_torch_fused_adam():
 
 
 def test_state_moves_between_the_two_through_a_checkpoint():
-    """A checkpoint written with torch.optim.Adam (older learners) resumes with FusedAdam and
-    back, and training then goes on exactly as without the move."""
+    """A checkpoint written with torch.optim.Adam (a learner on a torch without the fused
+    kernel, or an earlier version's) resumes with FusedAdam and back, and training then goes
+    on exactly as without the move."""
     ref = _net()
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-3, fused=True)
     _train(ref, ref_opt, 20)

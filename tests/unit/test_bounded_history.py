@@ -112,7 +112,8 @@ def test_only_the_newest_departed_workers_are_remembered(monkeypatch):
 
 def test_a_snapshot_reads_the_window_while_reports_arrive(schedule):
     """The snapshot thread dumps the evaluation window while request threads append to it
-    (a 36-minute soak lost a snapshot to "deque mutated during iteration")."""
+    (iterating a deque that another thread appends to raises "deque mutated during
+    iteration", which would cost the snapshot)."""
     schedule.evaluations = deque(maxlen=500)
     _evaluate(schedule, 500)
     done = threading.Event()

@@ -85,7 +85,8 @@ def _section(data: dict, path: str) -> dict:
     ("buffers.replay", "capacityy", "buffers.replay.capacityy"),
     ("buffers.replay.rate_limit", "min_items", "buffers.replay.rate_limit.min_items"),
     ("learner", "mixes", "learner.mixes"),
-    # the keys the per-buffer rate limit replaced are errors now, not silently ignored
+    # an earlier layout's keys, whose work the per-buffer rate limit does, are errors, not
+    # silently ignored
     ("algo", "learning_starts", "algo.learning_starts"),
     ("algo", "updates_per_env_step", "algo.updates_per_env_step"),
     ("algo", "ratio_tolerance", "algo.ratio_tolerance"),

@@ -1,6 +1,6 @@
 """The coordinator's HTTP contract, against the real service in its own process.
 
-Each test starts `python -m rlfleet coordinator` (gunicorn, the real app) and talks to it
+Each test starts `python -m rlfleet coordinator` (the real app, on cheroot) and talks to it
 with `requests`; workers are real HTTP servers in this process that accept `POST /task` and
 record what they were sent.
 """
@@ -130,7 +130,7 @@ def test_registering_again_under_the_same_id_keeps_one_worker(coordinator, task_
 
     again = register(c, "collector", new_sink, worker_id="col-1")   # a restart elsewhere
     assert again["worker_id"] == "col-1"
-    # the restarted worker gets its own task back (issue 7), with a new seed so the new
+    # the restarted worker gets its own task back, with a new seed so the new
     # process does not replay the old one's episodes
     second = new_sink.wait_task("collect")
     assert second["task_id"] == first["task_id"] and second["seed"] != first["seed"]
@@ -290,7 +290,7 @@ def test_an_evicted_chunk_outlives_every_snapshot_that_refers_to_it(
     assert c.status()["buffers"]["replay"]["released_chunks"] == 1
     store = DirectoryStorage(c.storage_dir)
     # no snapshot since chunk 0 left the buffer: it stays in storage for now
-    time.sleep(0.5)  # a window in which the janitor would have deleted it before
+    time.sleep(0.5)  # a window in which a janitor that did not wait would delete it
     assert store.list_chunks() == sorted(ids)
     # SIGTERM: the closing snapshot no longer refers to chunk 0, then chunk 0 goes
     assert coordinator_pool.stop(c) == 0, c.log()

@@ -1,12 +1,12 @@
 """Answers cut off part-way: what a worker sees when the coordinator is SIGKILLed between
 writing an answer's headers and its body (its HTTP server writes the two separately).
 
-Found by the chaos suite: a collector waiting for a permit got the headers of the answer and
-then EOF; `requests` raised `ChunkedEncodingError`, which `HttpClient` let through, so the
-collector's loop (which rides out `HttpError`) died and the process exited 1: the launcher
-restarted a collector the test had not killed. What must hold: a cut answer is a connection
-failure like a refused one (retried, then `HttpError`), and a collector waiting for a permit
-or reporting chunks rides it out.
+A collector waiting for a permit can get an answer's headers and then EOF, and `requests`
+raises `ChunkedEncodingError` for it; let through, that would end the collector's loop (which
+rides out `HttpError`) and its process with exit 1, and the launcher would restart a collector
+nobody killed. What must hold: a cut answer is a connection failure like a refused one
+(retried, then `HttpError`), and a collector waiting for a permit or reporting chunks rides it
+out.
 
 The coordinator is a real one; between it and the client sits a TCP proxy on loopback that
 passes everything, or cuts answers after their headers and the body's first byte.
@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from rlfleet.collector.adder import StorageAdder
+from rlfleet.collector.collecting import wait_for_permit
 from rlfleet.collector.service import CollectorService
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
@@ -155,7 +156,8 @@ def test_a_collector_rides_out_cut_answers_to_permits_and_reports(
         adder.throttle.set()  # as the coordinator's answer sets it when the learner lags
         proxy.cut_left = 10**6
         with caplog.at_level(logging.WARNING, logger="rlfleet.collector"):
-            assert service._wait_for_permit(adder) is False  # no answer: not a crash
+            # no answer: not a crash
+            assert wait_for_permit(service.agent, adder, threading.Event()) is False
             assert "permit request failed" in caplog.text
             adder.add(_arrays(8), -1, [8.0], [8])
             wait_for(lambda: "could not report 1 chunks" in caplog.text, timeout_s=10,
@@ -165,7 +167,8 @@ def test_a_collector_rides_out_cut_answers_to_permits_and_reports(
         assert adder.chunks_reported == 1
         assert c.status()["counters"]["chunks_accepted"] == 1
         adder.throttle.set()
-        assert service._wait_for_permit(adder) is True  # nothing lags: granted
+        # nothing lags: granted
+        assert wait_for_permit(service.agent, adder, threading.Event()) is True
     finally:
         if adder is not None:
             adder.close(timeout=2)

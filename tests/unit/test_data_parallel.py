@@ -258,8 +258,9 @@ def _late_main(store_addr: str, out: str) -> None:
 
 
 def test_a_failed_rendezvous_on_one_rank_does_not_keep_the_next_generation_apart(tmp_path):
-    """Regression: torch's default group names groups by a per-process counter, so a rank
-    that hung through a rendezvous then waited under other keys than the others, for ever."""
+    """torch's default group names groups by a per-process counter, so a rank that hung
+    through a rendezvous would then wait under other keys than the others, for ever. Each
+    generation is a group of its own on a prefixed store: the next one meets all the same."""
     member = GroupMember("127.0.0.1", timeout_s=20)
     out = str(tmp_path / "x.safetensors")
     proc = mp.get_context("spawn").Process(target=_late_main, args=(member.store_addr, out))

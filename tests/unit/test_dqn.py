@@ -1,4 +1,4 @@
-"""shared/algos/dqn.py (the double-DQN update), learner/batching.py (`assemble`) and
+"""shared/algos/dqn/policy.py (the double-DQN update), learner/batching.py (`assemble`) and
 learner/feedback.py (priorities back to the coordinator)."""
 
 from __future__ import annotations

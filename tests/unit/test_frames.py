@@ -189,8 +189,8 @@ def test_the_learner_arena_rebuilds_sampled_stacks():
 def test_one_process_keeps_frames_once_and_learns_from_them():
     """`rlfleet single` on Pong stores packed chunks and trains the Nature DQN on stacks
     rebuilt from them. Small batches and a tight rate limit (the default error buffer lets
-    the learner run 64k samples ahead): a Nature CNN update of 32 stacks costs about 0.2 s
-    on one CPU thread, and the point here is the data path, not the network."""
+    the learner run 64k samples ahead): a Nature CNN update of 32 stacks is slow on one CPU
+    thread, and the point here is the data path, not the network."""
     pytest.importorskip("ale_py")
     from rlfleet.shared.run.config import parse_config
     from rlfleet.single import run_single

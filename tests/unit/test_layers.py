@@ -219,3 +219,32 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
         ["a", "b", "c"]]
     assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, source) of each getattr/hasattr whose object mentions a policy or an algo."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr") and node.args:
+            target = ast.unparse(node.args[0])
+            if "policy" in target.lower() or "algo" in target.lower():
+                yield node.lineno, ast.unparse(node)
+
+
+def test_no_role_probes_a_policy_or_an_algorithm_config_by_name():
+    """The roles ask what a policy can do with `isinstance` against the capability types
+    (shared/algos/capabilities.py), and what an algorithm's settings hold by their settings
+    types (shared/contract/algo.py): a probe by attribute name turns a feature off in
+    silence when a hook is misspelt."""
+    found = []
+    for name, path in modules().items():
+        if name.split(".")[1:2] in (["coordinator"], ["collector"], ["learner"]):
+            found += [f"{name}:{line}: {src}" for line, src in
+                      _probes(ast.parse(path.read_text()))]
+    assert not found, "probes by attribute name:\n" + "\n".join(found)
+
+
+def test_the_probe_finder_finds_a_probe():
+    tree = ast.parse("x = getattr(policy, 'rng', None)\ny = hasattr(cfg.algo, 'her')\n"
+                     "z = getattr(req, mode)\n")
+    assert [line for line, _ in _probes(tree)] == [1, 2]

@@ -54,7 +54,7 @@ def test_a_version_is_due_only_once_the_minimum_interval_has_passed(tmp_path):
         assert publisher.due(3600.0)  # nothing handed over yet: the first version is due
         publisher.submit(_state(0.0), 0)
         assert not publisher.due(3600.0)
-        assert publisher.due(0.0)     # 0: every publish_every, as before
+        assert publisher.due(0.0)     # 0: every publish_every, no interval
         submitted = time.monotonic()
         wait_for(lambda: publisher.due(0.05), timeout_s=5, what="the interval to pass")
         assert time.monotonic() - submitted >= 0.05

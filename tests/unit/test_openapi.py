@@ -127,9 +127,9 @@ def test_bodies_and_answers_are_the_pydantic_models(doc: dict) -> None:
         "description": doc["components"]["securitySchemes"]["bearerAuth"]["description"]}
 
 
-# Bodies that once got past validation and broke the coordinator: numbers beyond int64 made
-# numpy raise (a 500), and `1e400` (valid JSON, parsed as inf) came back out of GET /workers
-# and /status as `Infinity`, which is not JSON.
+# Bodies that must not get past validation: numbers beyond int64 would make numpy raise (a
+# 500), and `1e400` (valid JSON, parsed as inf) would come back out of GET /workers and
+# /status as `Infinity`, which is not JSON.
 OUT_OF_RANGE = [
     ("/workers/{learner}/heartbeat", '{"status": {"loss": 1e400}}', "status.loss"),
     ("/workers/{learner}/heartbeat", '{"status": {"loss": NaN}}', "status.loss"),

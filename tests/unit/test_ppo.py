@@ -1,5 +1,5 @@
-"""shared/algos/ppo.py: GAE by hand, the PPO losses by hand, acting, checkpoints, and one learn
-round on a rollout from a real CartPole vector env."""
+"""shared/algos/ppo/policy.py: GAE by hand, the PPO losses by hand, acting, checkpoints, and
+one learn round on a rollout from a real CartPole vector env."""
 
 from __future__ import annotations
 
@@ -441,7 +441,7 @@ def test_the_learning_rate_anneals_by_rows_learned_and_resumes_from_a_checkpoint
     assert resumed.rows_learned == 48
     resumed.learn(_random_rollout(spec, resumed, 16, 1))
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5)
-    # a checkpoint from before annealing was kept counts from 0
+    # an earlier version's checkpoint, without the annealing count, counts from 0
     old = {k: v for k, v in half.state_dict().items() if k != "rows_learned"}
     resumed.load_state_dict(old)
     assert resumed.rows_learned == 0

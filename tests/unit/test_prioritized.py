@@ -426,7 +426,7 @@ def test_inserts_block_when_samplers_fall_behind():
 def test_a_lopsided_band_keeps_the_learner_at_its_top():
     """min_lead: collectors wait while samplers are less than min_lead items ahead of the
     line, as a single process that trains between chunks always is; sampling is bounded by
-    error_buffer as before."""
+    error_buffer as without it."""
     limiter = RateLimiter(min_size=100, samples_per_insert=2.0, error_buffer=64, min_lead=32)
     # target(200) = 200: inserts wait below 232 sampled items, sampling stops at 264
     assert limiter.inserts_blocked(inserted=200, sampled=231)

@@ -473,8 +473,8 @@ def test_queue_chunks_consumed_before_a_crash_are_not_handed_out_again(
     """On-policy data is used once: the consumption is journalled, so neither the journal's
     inserts (no snapshot since) nor a snapshot taken while the chunks were in flight bring
     back what a learner reported used before the coordinator was killed. The rate limiter
-    counts those chunks as handed out (else collectors wait for a learner with nothing to
-    take: a PPO run stopped dead after its coordinator restarted)."""
+    counts those chunks as handed out (else collectors would wait for a learner with nothing
+    to take, and an on-policy run would stop dead after its coordinator restarts)."""
     cfg = make_config(**QUEUE, coordinator={**FAST_REAP, "heartbeat_timeout_s": 60.0,
                                             "snapshot_interval_s": snapshot_every})
     cfg["name"] = f"consumed-{uuid.uuid4().hex[:12]}"

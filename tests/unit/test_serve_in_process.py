@@ -1,5 +1,5 @@
 """services/serve.py's in-process server: a worker role's app served by a thread pool of the
-role's own process, over real HTTP on loopback. What gunicorn gave a worker must still hold:
+role's own process, over real HTTP on loopback. What a worker's server must give it holds:
 the token guard and the JSON body limit (also for a chunked body), the service started with
 the server and closed after it, a fatal error in the role's loop ending the process (exit 1),
 a stop request ending it cleanly (exit 0); and `rlfleet collector` is one process that

@@ -1,4 +1,4 @@
-"""shared/storage: the same contract for the directory and the Redis backend."""
+"""shared/infra/storage: the same contract for the directory and the Redis backend."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Storage outages: a Redis server of the test's own is SIGKILLed and restarted on its port.
 
-What must hold (issue 7): a Redis call rides out an outage shorter than its retry window and
+What must hold: a Redis call rides out an outage shorter than its retry window and
 fails with `StorageError` (promptly, not a hang) after a longer one; journal records survive a
 server crash (`appendfsync always`); the collector's adder holds chunks while storage is down,
 pauses collection at `max_held_chunks`, and writes then announces all of them once storage is
@@ -266,14 +266,14 @@ def test_the_collector_service_rides_out_a_failed_policy_check(
         redis_server.kill()
         with caplog.at_level(logging.INFO, logger="rlfleet.collector"):
             for _ in range(3):
-                service._refresh(policy, weights, force=True)
+                service.refresher.refresh(policy, weights, force=True)
             assert policy.version < 0
             assert caplog.text.count("cannot check for a newer policy") == 1
             redis_server.start()
             store.put_weights(1, encode_weights(policy.policy_state(),
                                                 {"policy_version": "1"}))
-            service._refresh(policy, weights, force=True)
-        assert policy.version == 1 and service.policy_version == 1
+            service.refresher.refresh(policy, weights, force=True)
+        assert policy.version == 1 and service.counters.policy_version == 1
         assert "policy checks resume" in caplog.text
         status = service.status()
         assert status["chunks_held"] == 0 and status["write_failures"] == 0

@@ -125,8 +125,8 @@ def test_find_never_chooses_a_zero_priority_leaf():
 
 def test_find_never_chooses_a_zero_priority_leaf_under_round_off():
     """Priorities spanning many orders of magnitude make `mass - left_sum` round past the end
-    of a right subtree; the descent must still stop at a leaf with mass. (Before the fix in
-    `find`, this seed walked into a zero leaf 85 times in 20,000 trees.)"""
+    of a right subtree; the descent must still stop at a leaf with mass. (Without the guard
+    in `find`, this seed's 20,000 trees walk into zero leaves.)"""
     rng = np.random.default_rng(0)
     for _ in range(5000):
         capacity = int(rng.integers(2, 40))

@@ -12,7 +12,7 @@ from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
 SPEC = AlgoSpec(
     name="cql", title="CQL", config=CQLConfig, policy="rlfleet.shared.algos.cql.policy:CQL",
     on_policy=False, action_spaces=frozenset({"discrete"}), buffer_kinds=SAMPLED_KINDS,
-    capabilities=dqn.SPEC.capabilities, check=dqn.check)
+    capabilities=dqn.SPEC.capabilities)
 
 
 def __getattr__(name: str) -> Any:

@@ -7,15 +7,6 @@ from typing import Any
 
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
-from rlfleet.shared.contract.spec import EnvSpec
-
-
-def check(cfg: Any, env: EnvSpec) -> None:
-    """Hindsight relabelling needs a goal-conditioned env."""
-    if cfg.algo.her is not None and env.goal is None:
-        raise ValueError(f"algo.her: hindsight relabelling needs a goal-conditioned env (a "
-                         f"Dict observation of observation, achieved_goal and desired_goal); "
-                         f"{cfg.env.id!r} has observations of shape {env.obs_shape}")
 
 
 def warmup(cfg: Any) -> int:
@@ -32,7 +23,7 @@ SPEC = AlgoSpec(
     name="dqn", title="DQN", config=DQNConfig, policy="rlfleet.shared.algos.dqn.policy:DQN",
     on_policy=False, action_spaces=frozenset({"discrete"}), buffer_kinds=SAMPLED_KINDS,
     capabilities=frozenset({"DataParallel", "SeededActing", "Optimized", "QValues"}),
-    check=check, warmup=warmup)
+    warmup=warmup)
 
 
 def __getattr__(name: str) -> Any:

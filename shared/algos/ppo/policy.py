@@ -122,8 +122,8 @@ def gae(reward: np.ndarray | torch.Tensor, value: np.ndarray | torch.Tensor,
     value[t+1] inside a run and bootstrap_value[t] on a cut row (V of the observation the run
     stopped at: a truncation, or where the chunk ended), and 0 when row t terminated. The
     lambda-recursion stops at every cut and termination, so runs never leak into each other.
-    The TD errors are vectorised; only the recursion is a loop, over Python floats (about
-    2 ms for 8k rows, far below one learn round).
+    The TD errors are vectorised; only the recursion is a loop, over Python floats (far
+    below one learn round's cost).
     """
     r = np.asarray(reward, dtype=np.float32)
     v = np.asarray(value, dtype=np.float32)
@@ -434,7 +434,7 @@ class PPO:
         self.net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net.")})
         load_optimizer_state(self.optimizer, dict(state))
         self.train_iterations = int(state["train_iterations"])
-        # absent from checkpoints written before annealing: their runs annealed nothing
+        # absent from an earlier version's checkpoint, whose run annealed nothing
         self.rows_learned = int(state.get("rows_learned", torch.tensor(0)))
-        if "gen_state" in state:  # absent from checkpoints written before it was kept
+        if "gen_state" in state:  # absent from an earlier version's checkpoint
             self.gen.set_state(state["gen_state"].to(torch.uint8))

@@ -61,8 +61,8 @@ def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = N
 
 
 def __getattr__(name: str):
-    """`RedisStorage` on first use: importing redis takes a few tenths of a second, which a
-    run on a directory (the local default) need not spend while it starts."""
+    """`RedisStorage` on first use: importing redis takes time that a run on a directory
+    (the local default) need not spend while it starts."""
     if name == "RedisStorage":
         from rlfleet.shared.infra.storage.redis_store import RedisStorage
 

@@ -60,7 +60,7 @@ class DirectoryStorage(Storage):
     @staticmethod
     def _atomic_write(path: Path, data: bytes) -> None:
         # A temporary name unique to this process, thread and target (cheaper than mkstemp's
-        # random names, which showed in the learner's profile at tens of publishes a second).
+        # random names, a cost that counts at tens of publishes a second).
         tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             with open(tmp, "wb") as f:
