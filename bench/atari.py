@@ -19,7 +19,7 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 Each ceiling is measured in two halves, one right before and one right after its cluster
 window, so drift in the machine's load hits both alike; `--repeats` runs the whole in turn.
 
-    python bench/atari.py [--seconds 20] [--backends sync async envpool] [--repeats 1]
+    python bench/atari.py [--seconds 20] [--backends sync async envpool] [--repeats 1] [--short]
 
 Goals: `collector_ratio` >= 0.8, `bytes_per_step` <= 7,500, `learner_utilisation` >= 0.9.
 The last line of stdout is one JSON object with those keys (medians over repeats, sync
@@ -49,6 +49,7 @@ from bench.common import (  # noqa: E402
     free_running_data,
     log,
     median,
+    parse_args,
     print_tables,
     ratio,
     rounded,
@@ -72,11 +73,24 @@ from rlfleet.shared.run.config import RunConfig, parse_config
 
 CONFIG = REPO_ROOT / "configs" / "pong-dqn.yaml"
 GOALS = {"collector_ratio": 0.8, "bytes_per_step": 7500, "learner_utilisation": 0.9}
+FIGURES = ("collector_ratio", "bytes_per_step", "learner_utilisation", "collector_ratio_sync",
+           "collector_ratio_async")
+# Both default backends and the learner still, over 1 s windows after 1 s of warm-up, on
+# chunks of 32 steps of 4 envs (1,024 steps of 8 take a second each here): more of each
+# chunk's bytes are its stacks' first frames, so its bytes per step are a little higher.
+SHORT = {"seconds": 1.0, "warmup": 1.0, "num_envs": 4, "chunk_size": 128}
 
 
-def bench_config(name: str, storage: str, epsilon: float, backend: str) -> RunConfig:
+def bench_config(name: str, storage: str, epsilon: float, backend: str,
+                 num_envs: int | None = None, chunk_size: int | None = None) -> RunConfig:
+    """The config made free-running on `backend`; `num_envs` and `chunk_size` replace the
+    config's where given (a short run's smaller chunks)."""
     data = free_running_data(CONFIG, name, storage, epsilon)
     data["env"]["backend"] = backend
+    if num_envs is not None:
+        data["env"]["num_envs"] = num_envs
+    if chunk_size is not None:
+        data["collector"]["chunk_size"] = chunk_size
     data["buffers"]["replay"]["rate_limit"]["min_size"] = 1000
     return parse_config(data, f"bench config ({backend})")
 
@@ -104,7 +118,8 @@ def one_run(args, work: Path, run: int) -> dict:
     for backend in args.backends:
         name = f"bench-atari-{os.getpid()}-{run}-{backend}"
         storage = str(work / name / "storage")
-        cfg = bench_config(name, storage, args.epsilon, backend)
+        cfg = bench_config(name, storage, args.epsilon, backend, args.num_envs,
+                           args.chunk_size)
         run_dir = work / name
         cluster = LocalCluster(write_config(cfg, run_dir / "config.yaml"), run_dir, storage)
         client = None
@@ -216,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--no-learner", action="store_true", help="skip (c)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument("--num-envs", type=int, default=None, help="envs per collector (default: "
+                   "the config's)")
+    p.add_argument("--chunk-size", type=int, default=None, help="transitions per chunk "
+                   "(default: the config's)")
+    args = parse_args(p, argv, SHORT)
 
     work = Path(tempfile.mkdtemp(prefix="rlfleet-atari-"))
     frame_skip = bench_config("x", str(work), args.epsilon, "sync").env.frame_skip

@@ -20,7 +20,7 @@ Every figure is the same work in the same process on the same machine, timed wit
 `time.perf_counter` over a fixed wall budget after one warm-up call (the first fill: whole
 fills on fresh buffers until the budget is spent; the bulk update: one call).
 
-    python bench/buffer.py [--seconds 1.5] [--capacity 1000000] [--seed 0]
+    python bench/buffer.py [--seconds 1.5] [--capacity 1000000] [--seed 0] [--short]
 """
 
 from __future__ import annotations
@@ -38,7 +38,16 @@ import numpy as np  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import emit, exit_on_signals, fmt, log, print_tables, ratio, rounded  # noqa: E402
+from bench.common import (  # noqa: E402
+    emit,
+    exit_on_signals,
+    fmt,
+    log,
+    parse_args,
+    print_tables,
+    ratio,
+    rounded,
+)
 from rlfleet.coordinator.buffers.base import ChunkInfo  # noqa: E402
 from rlfleet.coordinator.buffers.ring import PrioritizedBuffer  # noqa: E402
 
@@ -50,6 +59,14 @@ LARGE_BATCH = 4_096         # one large single-batch request
 UPDATE_IDS = 2_048          # ids per priority update (one request's worth)
 POOL = 64                   # pre-drawn id / priority sets the update loops cycle through
 SAMPLE_GOAL = 200_000       # prioritized sample items/s the team aims for
+
+FIGURES = ("insert_items_per_s", "prioritized_sample_items_per_s", "priority_update_items_per_s",
+           "baseline_insert_items_per_s", "baseline_sample_items_per_s",
+           "baseline_update_items_per_s", "fill_items_per_s", "baseline_fill_items_per_s",
+           "prioritized_sample_4096_items_per_s", "baseline_sample_4096_items_per_s",
+           "baseline_uniform_sample_items_per_s", "bulk_priority_update_items_per_s")
+# The smallest buffer the bench allows (64 chunks) and a tenth of a second a figure.
+SHORT = {"seconds": 0.1, "capacity": 64 * CHUNK}
 
 
 @dataclass
@@ -172,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.5, help="wall budget of each figure")
     p.add_argument("--capacity", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
     if args.capacity % CHUNK or args.capacity < 64 * CHUNK:
         p.error(f"--capacity must be a multiple of {CHUNK} and at least {64 * CHUNK}")
     n, budget = args.capacity, args.seconds

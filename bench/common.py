@@ -3,10 +3,15 @@ and playing a collector (prefilling a buffer with no collector process).
 
 Conventions: progress goes to stderr; stdout carries the human table (rich) and, as its very
 last line, one JSON object (`emit`), so `python bench/x.py | tail -n1` is machine-readable.
+Every bench names the keys of that object it measures in a module-level `FIGURES` tuple, and
+takes `--short` (`parse_args`): a run of seconds that still measures each of them, which
+`tests/integration/test_benches.py` runs so that a bench cannot break unseen.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import json
 import os
 import shutil
@@ -16,9 +21,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -42,6 +48,67 @@ def emit(result: dict) -> None:
     """The machine part of stdout: one JSON object, the very last line."""
     sys.stdout.flush()
     print(json.dumps(result, sort_keys=False), flush=True)
+
+
+# -- short mode and declared figures --------------------------------------------------------
+
+SHORT_HELP = ("a smoke run of seconds: windows, seeds, repeats and sizes shrunk, every figure "
+              "still measured (the tests run each bench so); options given here still win")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None,
+               short: Mapping[str, Any]) -> argparse.Namespace:
+    """`parser`'s arguments with `--short` added. With `--short`, `short` (argparse dests to
+    values) replaces those defaults, and options on the command line still win over it: the
+    short run is the same bench with smaller defaults, not another code path that could
+    drift from the real one. A name in `short` that the parser lacks is an error, so a
+    renamed option cannot silently leave a short run long."""
+    dests = {action.dest for action in parser._actions}
+    unknown = sorted(set(short) - dests)
+    if unknown:
+        raise ValueError(f"short-mode defaults {unknown} name no option of {parser.prog}")
+    parser.add_argument("--short", action="store_true", help=SHORT_HELP)
+    args = parser.parse_args(argv)
+    if args.short:
+        parser.set_defaults(**short)
+        args = parser.parse_args(argv)
+    return args
+
+
+def declared_figures(script: Path) -> tuple[str, ...] | None:
+    """A bench script's `FIGURES` (the keys its last JSON line must hold), read from its source
+    without importing it: a test lists them even where the bench's imports fail (its run
+    then shows why), and no import of torch or Docker's client is paid for a list of names.
+    None where the script declares none."""
+    for node in ast.parse(script.read_text(), str(script)).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "FIGURES" for t in targets):
+                assert node.value is not None
+                return tuple(ast.literal_eval(node.value))
+    return None
+
+
+def missing_figures(result: Mapping[str, Any], figures: Iterable[str]) -> list[str]:
+    """The figures that `result` lacks or holds as null; a figure that is a mapping (one value
+    per role, per count) counts as missing where any value in it is null (`key.sub`)."""
+    missing: list[str] = []
+
+    def walk(name: str, value: Any) -> None:
+        if value is None:
+            missing.append(name)
+        elif isinstance(value, Mapping):
+            if not value:
+                missing.append(name)
+            for key, sub in value.items():
+                walk(f"{name}.{key}", sub)
+
+    for key in figures:
+        if key not in result:
+            missing.append(key)
+        else:
+            walk(key, result[key])
+    return missing
 
 
 # -- numbers ------------------------------------------------------------------------------
@@ -122,7 +189,7 @@ def _children(pid: int) -> list[int]:
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by a process and its live descendants
-    (a gunicorn master's worker is its child)."""
+    (a learner's data process is its child)."""
     total, stack = 0.0, [pid]
     while stack:
         p = stack.pop()

@@ -8,6 +8,7 @@ coordinator's clock from its start to the solving evaluation, so the containers'
 (image already built) is left out of both alike; `compose up -> solved` is the user's wait.
 
     python bench/compose.py [--algo dqn|ppo] [--seeds 0 1] [--collectors 2] [--cached]
+                            [--stop-value R] [--short]
 
 `image_build_s` is a `docker build --no-cache` of services/Dockerfile (with `--cached`, the
 ordinary build: seconds when nothing changed). The Docker engine is found or started as in
@@ -37,12 +38,24 @@ from bench.common import (  # noqa: E402
     fmt,
     log,
     median,
+    parse_args,
     print_tables,
     ratio,
     rounded,
 )
 from bench.compose_stack import Stack, ensure_engine, torch_index  # noqa: E402
-from bench.time_to_solve import CONFIGS, run_cluster  # noqa: E402
+from bench.time_to_solve import (  # noqa: E402
+    CONFIGS,
+    EASY_TARGET,
+    adjusted_config,
+    run_cluster,
+)
+
+FIGURES = ("compose_solve_s", "local_solve_s", "ratio", "image_build_s",
+           "compose_ms_per_env_step", "local_ms_per_env_step")
+# One seed, one collector, the ordinary (cached) build, and solved at 195, as
+# bench/time_to_solve.py's short run.
+SHORT = {"seeds": [0], "collectors": 1, "cached": True, "stop_value": EASY_TARGET}
 
 
 def build(env: dict[str, str], cached: bool) -> float:
@@ -103,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cached", action="store_true", help="time an ordinary (cached) build")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0",
                    help="storage of the local runs (the stack has its own Redis)")
-    args = p.parse_args(argv)
+    p.add_argument("--stop-value", type=float, default=None,
+                   help="the evaluation return that counts as solved (default: the config's)")
+    args = parse_args(p, argv, SHORT)
 
     config = CONFIGS[args.algo]
     env, started = ensure_engine()
     work = Path(tempfile.mkdtemp(prefix="rlfleet-compose-bench-"))
+    if args.stop_value is not None:
+        config = adjusted_config(config, work, stop_value=args.stop_value)
     try:
         log("building the image" + (" (cached)" if args.cached else " (--no-cache)") + "...")
         build_s = build(env, args.cached)

@@ -10,6 +10,7 @@ shared pages (libpython, torch's libraries) once per process and overstates the 
 
     python bench/footprint.py [--config configs/cartpole-dqn.yaml] [--collectors 2]
                               [--max-wall-s 90] [--interval-s 0.25] [--storage DIR_OR_REDIS]
+                              [--short]
 
 The reference row is a bare `python -c "import torch, gymnasium"` process: whatever a role
 costs beyond it is the role's own (its buffers, its threads' arenas, its env and policy).
@@ -46,6 +47,7 @@ from bench.common import (  # noqa: E402
     fmt,
     is_redis,
     log,
+    parse_args,
     print_tables,
 )
 from rlfleet.forking import role_in  # noqa: E402
@@ -53,6 +55,10 @@ from rlfleet.forking import role_in  # noqa: E402
 GOAL_PSS_MB = 800.0
 MB = 1024 * 1024
 ROLES = ("up", "coordinator", "learner", "collector")
+# `per_role_pss_mb` holds one figure per role.
+FIGURES = ("peak_pss_mb", "peak_rss_mb", "processes", "per_role_pss_mb", "first_chunk_s")
+# Every role started and training for a few seconds: the peaks of a young cluster.
+SHORT = {"max_wall_s": 8.0}
 
 
 @dataclass
@@ -300,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="directory or redis://host:port/db (default: the run dir's own)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where the run dir goes (default: a fresh temporary directory, kept)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
 
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="rlfleet-footprint-"))).resolve()
     run_dir = work / f"footprint-{time.strftime('%H%M%S')}-{os.getpid()}"

@@ -16,7 +16,7 @@ rule) with min_size 1,000 and a network where compute dominates: DQN with an MLP
 sizes (1024, 1024) and a global batch of `--batch-size` (256: each of 2 ranks learns on a
 shard of 128); checkpoints only when a learner stops. Learners are `python -m rlfleet
 learner` processes (`LocalCluster.add_learner`), each in a session of its own, so its whole
-process group (the gunicorn master and its worker) can be killed at once.
+process group (the learner and its data process) can be killed at once.
 
 (a) Throughput. For each learner count n (1 and 2; their order alternates over `--repeats`
     rounds), start n learners, wait until the coordinator's learner group has world size n
@@ -54,7 +54,7 @@ losing its core stalls both. The JSON figures are medians over the rounds; the t
 the spread.
 
     python bench/learners.py [--repeats 2] [--seconds 12] [--warmup 6] [--batch-size 256]
-                             [--kill-rank 1] [--quick]
+                             [--kill-rank 1] [--quick] [--short]
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.common import (  # noqa: E402
     REPO_ROOT,
     CpuWindow,
@@ -117,6 +118,14 @@ COUNTS = (1, 2)             # learner counts measured
 POLL_S = 0.1                # counter polling during a window
 REFORM_POLL_S = 0.05        # status polling after the kill
 BUSY_OTHERS = 0.25          # cores used by the rest of the machine that make a window suspect
+FIGURES = ("samples_per_s", "efficiency", "allreduce_ms", "reform_s", "ratio_to_in_process",
+           "in_process_samples_per_s", "in_process_shard_samples_per_s",
+           "bare_pair_samples_per_s", "bare_pair_efficiency", "bare_pair_allreduce_ms",
+           "reform_generation_s", "reform_sampling_s", "compute_ms", "sample_wait_ms")
+# One round of 2 s windows, a smaller buffer, and a quarter of the batch (a rank's sample
+# response then takes a fraction of a second, so a short window still sees it move).
+SHORT = {"repeats": 1, "seconds": 2.0, "warmup": 1.0, "ceiling_s": 1.0, "transitions": 5_000,
+         "batch_size": 256}
 
 
 class WorkerFailed(RuntimeError):
@@ -292,12 +301,16 @@ def rank_ids(status: dict) -> list[str]:
 
 def start_learners(cluster: LocalCluster, client: HttpClient, n: int,
                    timeout_s: float = 120.0) -> tuple[list[Child], dict]:
-    """Start n learners; return once the group's ranks are exactly them and the coordinator's
-    train iterations have moved in that generation (and its status then)."""
+    """Start n learners; return once the group's ranks are exactly them, the coordinator's
+    train iterations have moved in that generation, and every rank has trained in it by its
+    own account (`trains_in`): the coordinator's counter alone also moves with a late report
+    from the generation before, and a rank killed while the group still forms measures a
+    rendezvous, not a re-formation. Returns the coordinator's status then."""
     children = [cluster.add_learner() for _ in range(n)]
     names = sorted(c.name for c in children)
     deadline = time.monotonic() + timeout_s
     generation, base = None, 0
+    seen: dict[str, int] = {}
     while time.monotonic() < deadline:
         for child in children:
             if child.proc.poll() is not None:
@@ -308,8 +321,9 @@ def start_learners(cluster: LocalCluster, client: HttpClient, n: int,
         iterations = status["counters"]["train_iterations"]
         if sorted(rank_ids(status)) == names:
             if group_of(status)["generation"] != generation:
-                generation, base = group_of(status)["generation"], iterations
-            elif iterations > base:
+                generation, base, seen = group_of(status)["generation"], iterations, {}
+            elif iterations > base and all([trains_in(c, generation, n, seen)
+                                            for c in children]):
                 return children, status
         time.sleep(0.2)
     stop_learners(cluster, children)
@@ -324,6 +338,19 @@ def learner_status(child: Child) -> dict:
         return {}
     finally:
         client.close()
+
+
+def trains_in(child: Child, generation: int, n: int, seen: dict[str, int]) -> bool:
+    """Whether `child` has formed `generation` as one of `n` ranks and trains in it, by its
+    own /status: its train iterations moved since it first named that generation (a learner
+    names its new generation before its rendezvous completes). `seen` keeps each learner's
+    count at that first sight."""
+    status = learner_status(child)
+    group = status.get("group") or {}
+    if group.get("generation") != generation or group.get("world_size") != n:
+        return False
+    iterations = status["train_iterations"]
+    return iterations > seen.setdefault(child.name, iterations)
 
 
 @dataclass
@@ -635,7 +662,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     for hidden in ("--probe-rank", "--probe-port", "--probe-iterations"):
         p.add_argument(hidden, type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = common.parse_args(p, argv, SHORT)
     if args.batch_size < 2 or args.batch_size % 2:
         p.error(f"--batch-size={args.batch_size} must be even: 2 ranks split it")
     if args.repeats < 1:
@@ -701,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         reform = measure_reform(cluster, client, args.kill_rank, args.warmup,
                                 args.reform_timeout_s)
         log(f"re-formed and training again {fmt(reform.to_training_s, '.2f')} s after the kill")
-        failed = False
+        failed = reform.to_training_s is None  # its logs are kept, to say why
     finally:
         if client is not None:
             client.close()

@@ -39,7 +39,10 @@ machine about one in four falls below 90% with nothing killed, so a recovery fig
 uncertain by a second or so.
 
     python bench/recovery.py [--roles collector learner coordinator redis] [--timeout-s 90]
-                             [--collectors 2] [--baseline-s 5]
+                             [--collectors 2] [--baseline-s 5] [--short]
+
+The last line of stdout is one JSON object: the figures per role (`FIGURES`), with `notes`
+where a role did not recover and `error` (only then) where the bench could not measure.
 """
 
 from __future__ import annotations
@@ -72,17 +75,30 @@ from bench.common import (  # noqa: E402
     fmt,
     free_running_data,
     log,
+    parse_args,
     print_tables,
     progress,
     ratio,
     rounded,
 )
 from rlfleet.cli import free_port  # noqa: E402
+from rlfleet.forking import role_in  # noqa: E402
 from rlfleet.launcher import _die_with_parent  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 
 ROLES = ("collector", "learner", "coordinator", "redis")
+# Each is one value per role killed (`--roles`).
+FIGURES = ("recovery_s", "role_back_s", "baseline_env_steps_per_s", "env_steps_per_s_after",
+           "baseline_train_iterations_per_s", "train_iterations_per_s_after",
+           "baseline_steady")
+# Every role still killed, with one collector (a faster start), a 2 s baseline (two 1 s
+# windows and more, for `baseline_steady`), a checkpoint every 500 train iterations (what a
+# restarted learner redoes) and recovered at half the baseline: on a busy two-core machine a
+# quarter of the baseline's own windows fall below 90%, and waiting for one above it took
+# up to half a minute a role.
+SHORT = {"collectors": 1, "baseline_s": 2.0, "timeout_s": 60.0, "checkpoint_every": 500,
+         "threshold": 0.5}
 RATE_WINDOW_S = 1.0  # "sustained for 1 s": a rate is measured over a whole second
 SAMPLE_S = 0.1
 
@@ -132,10 +148,15 @@ class RedisServer:
 
 
 def _cmdline(pid: int) -> list[str]:
+    """A process's command line as words. An exec'd child's is its argv (`python -m rlfleet
+    <role> ...`); a forked child's is the title setproctitle wrote over the launcher's argv
+    (`rlfleet <role> ...`), one string padded with NULs, so it is split on spaces."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        args = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(
+            errors="replace").split("\0") if a]
     except OSError:
         return []
+    return args[0].split() if len(args) == 1 else args
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -167,11 +188,13 @@ class Up:
 
     def child(self, role: str, worker_id: str | None = None) -> int | None:
         """The pid of the launcher's child running `role` (with `--worker-id worker_id`):
-        `python -m rlfleet <role> ...`."""
+        forked at the start (titled `rlfleet <role> ...`) or exec'd by a restart (`python -m
+        rlfleet <role> ...`); `role_in` reads both. The launcher puts `--port` and
+        `--worker-id` first, so a title cut to the launcher's length still names them."""
         for pid in _child_pids(self.proc.pid):
             args = _cmdline(pid)
-            if args[3:4] == [role] and (worker_id is None
-                                        or _option(args, "--worker-id") == worker_id):
+            if role_in(args) == role and (worker_id is None
+                                          or _option(args, "--worker-id") == worker_id):
                 return pid
         return None
 
@@ -473,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wall-s", type=float, default=3600.0)
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "cartpole-dqn.yaml")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, Redis's AOF)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
     if shutil.which("redis-server") is None:
         p.error("redis-server is not on PATH")
 
@@ -517,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         return {r.role: rounded(get(r), digits) for r in results}
 
     emit({
+        **({"error": error} if error is not None else {}),
         "recovery_s": per_role(lambda r: r.recovery_s),
         "role_back_s": per_role(lambda r: r.back_s),
         "baseline_env_steps_per_s": per_role(lambda r: r.baseline.rates.env_steps, 1),
@@ -527,7 +551,6 @@ def main(argv: list[str] | None = None) -> int:
             lambda r: r.after and r.after.train_iterations, 1),
         "baseline_steady": per_role(lambda r: r.baseline.steady),
         "notes": {r.role: r.note for r in results if r.note},
-        "error": error,
         "launcher_exit_code": code,
         "threshold": args.threshold,
         "collectors": args.collectors,

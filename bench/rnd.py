@@ -7,7 +7,7 @@ return above -200: some episode got to the flag. `configs/mountaincar-dqn.yaml` 
 `configs/mountaincar-rnd.yaml` differ only in `algo.reward_model`.
 
     python bench/rnd.py [--seeds 0 1 2 3 4] [--env-steps 30000] [--mode up|single]
-                        [--collectors 1] [--work-dir DIR] [--figure PNG]
+                        [--collectors 1] [--work-dir DIR] [--figure PNG] [--short]
 
 `--mode up` (the default) runs each config and seed as a cluster (`rlfleet up`, one collector
 of 4 envs) and draws every run's curves into `--figure` with `rlfleet plot`; `--mode single`
@@ -43,6 +43,7 @@ from bench.common import (  # noqa: E402
     exit_on_signals,
     fmt,
     log,
+    parse_args,
     print_tables,
 )
 
@@ -50,6 +51,10 @@ CONFIGS = {"dqn": REPO_ROOT / "configs" / "mountaincar-dqn.yaml",
            "rnd": REPO_ROOT / "configs" / "mountaincar-rnd.yaml"}
 GOAL = -200.0  # an evaluation's mean return above this: some episode reached the flag
 FIGURE = REPO_ROOT / "bench" / "figures" / "mountaincar-rnd.png"
+FIGURES = ("goal_rate_rnd", "goal_rate_dqn", "best_return_rnd", "best_return_dqn", "env_steps",
+           "goal_rate_by_env_steps")
+# One seed, two evaluations a run; the curves go to the work dir, not over bench/figures/.
+SHORT = {"seeds": [0], "env_steps": 5_000, "figure": None}
 
 
 @dataclass
@@ -190,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a "
                    "temporary one, removed at the end)")
     p.add_argument("--figure", type=Path, default=FIGURE, help="--mode up: both configs' "
-                   "curves, drawn by rlfleet plot")
-    args = p.parse_args(argv)
+                   "curves, drawn by rlfleet plot (with --short: into the work dir)")
+    args = parse_args(p, argv, SHORT)
     exit_on_signals()
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-rnd-") as tmp:
         work = (args.work_dir or Path(tmp)).resolve()
@@ -208,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
         if args.mode == "up":
             dirs = [r.run_dir for r in results if r.run_dir]
+            figure = args.figure or work / FIGURE.name
             done = subprocess.run([sys.executable, "-m", "rlfleet", "plot", *dirs,
-                                   "--out", str(args.figure)], cwd=REPO_ROOT,
+                                   "--out", str(figure)], cwd=REPO_ROOT,
                                   capture_output=True, text=True)
             log(done.stdout.strip() if done.returncode == 0 else
                 f"[red]rlfleet plot failed: {done.stderr.strip()[-500:]}[/]")

@@ -22,7 +22,7 @@ step takes at least `num_envs * step_s` and yields `num_envs` env steps: at most
 `1 / step_s` env steps/s per collector, whatever `num_envs` is (500/s at 2 ms). `time.sleep`
 overshoots a little, so even a perfect collector stays some percent below it.
 
-    python bench/scaling.py [--collectors 1 2 4 8 16] [--seconds 10] [--step-s 0.002]
+    python bench/scaling.py [--collectors 1 2 4 8 16] [--seconds 10] [--step-s 0.002] [--short]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from bench.common import (  # noqa: E402
     fmt,
     free_running_data,
     log,
+    parse_args,
     print_tables,
     progress,
     ratio,
@@ -61,7 +62,12 @@ from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, parse_config
 
 SLOW_ENV = "bench.slow_env:SlowCartPole"
-GOAL = 0.9  # efficiency the issue asks for, up to 16 collectors
+GOAL = 0.9  # efficiency the goal asks for, up to 16 collectors
+# Each holds one value per collector count.
+FIGURES = ("steps_per_s", "efficiency", "vs_ceiling", "collectors_own_sum", "cpu_cores",
+           "start_s")
+# The base and one count above it (an efficiency needs two), over 2 s windows.
+SHORT = {"collectors": [1, 2], "seconds": 2.0, "warmup": 1.0}
 
 
 def bench_config(base: Path, name: str, storage: str, step_s: float, num_envs: int,
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout", type=float, default=240.0,
                    help="seconds N collectors may take to all be collecting")
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "cartpole-dqn.yaml")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
 
     counts = sorted(set(args.collectors))
     work = Path(tempfile.mkdtemp(prefix="rlfleet-scaling-"))

@@ -20,7 +20,7 @@ when it plays without learning (a slight bias in its favour). Each figure is mea
 `--repeats` times and reported with its spread (this machine is shared and noisy).
 
     python bench/selfplay.py [--games tictactoe_v3 connect_four_v3] [--seconds 30]
-                             [--repeats 2] [--collectors 1]
+                             [--repeats 2] [--collectors 1] [--warmup-s 12] [--short]
 
 The last line of stdout is one JSON object: `games_per_s`, `in_process_games_per_s` and
 `ratio` (each the median per game), `ratio_min` (the worse game), `play_only_games_per_s`,
@@ -50,6 +50,7 @@ from bench.common import (  # noqa: E402
     fmt,
     log,
     median,
+    parse_args,
     print_tables,
     ratio,
     rounded,
@@ -58,6 +59,11 @@ from bench.common import (  # noqa: E402
 CONFIGS = {"tictactoe_v3": "configs/tictactoe-selfplay.yaml",
            "connect_four_v3": "configs/connect4-selfplay.yaml"}
 WARMUP_S = 12.0  # start-up, torch's import, the buffer's min_size: not the steady pace
+FIGURES = ("games_per_s", "in_process_games_per_s", "ratio", "play_only_games_per_s",
+           "ratio_min")
+# Tic-tac-toe alone (each figure is one value per game), once, over seconds; the cluster's
+# warm-up just past its start.
+SHORT = {"games": ["tictactoe_v3"], "seconds": 3.0, "repeats": 1, "warmup_s": 6.0}
 
 
 def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
@@ -123,9 +129,10 @@ def play_only(config: Path, seconds: float) -> float:
         return (rollout.games_played - games0) / (time.perf_counter() - t0)
 
 
-def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int) -> float:
+def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int,
+                    warmup_s: float = WARMUP_S) -> float:
     """Games per second the coordinator accepted over the steady part of a run."""
-    wall = WARMUP_S + seconds
+    wall = warmup_s + seconds
     cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
            "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
            "--max-wall-s", str(wall)]  # the config's own limit is the one-process run's
@@ -149,13 +156,15 @@ def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int
     return (g_end - g0) / (t_end - t0)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--games", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per run")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--collectors", type=int, default=1)
-    args = ap.parse_args()
+    ap.add_argument("--warmup-s", type=float, default=WARMUP_S,
+                    help="seconds of a cluster run before its measured part")
+    args = parse_args(ap, argv, SHORT)
 
     runs: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rlfleet-selfplay-") as tmp_s:
@@ -169,7 +178,8 @@ def main() -> int:
                 runs[game]["in_process"].append(single_process(config))
                 log(f"{game} run {r + 1}/{args.repeats}: rlfleet up...")
                 runs[game]["cluster"].append(
-                    through_cluster(config, tmp / name, args.seconds, args.collectors))
+                    through_cluster(config, tmp / name, args.seconds, args.collectors,
+                                    args.warmup_s))
                 log(f"{game} run {r + 1}/{args.repeats}: playing only...")
                 runs[game]["play_only"].append(play_only(config, min(args.seconds, 10.0)))
                 log(f"  one process {runs[game]['in_process'][-1]:.0f}, cluster "

@@ -8,7 +8,7 @@ calls for each request), no HTTP, JSON or validation, so the difference is what 
 HTTP costs. Bodies are encoded before the clock starts (the client's JSON encoding is not the
 server's cost); the server is started with a token, as a deployment would run it.
 
-    python bench/serve_policy.py [--run-dir RUN] [--seconds 5] [--threads 4]
+    python bench/serve_policy.py [--run-dir RUN] [--seconds 5] [--threads 4] [--short]
 
 Without `--run-dir`, a run is made first: CartPole PPO through `rlfleet up` for 6,000 env steps
 (a policy that plays; the network, an MLP (64, 64), is what a solved one has). Progress goes
@@ -45,19 +45,27 @@ from bench.common import (  # noqa: E402
     exit_on_signals,
     fmt,
     log,
+    parse_args,
     print_tables,
     rounded,
 )
 
 BATCHES = (1, 64)
 WARMUP_S = 1.0
+FIGURES = ("act_p50_ms", "act_p99_ms", "actions_per_s", "act_p50_ms_64", "act_p99_ms_64",
+           "actions_per_s_64", "inprocess_p50_ms", "inprocess_p99_ms",
+           "inprocess_actions_per_s", "inprocess_p50_ms_64", "inprocess_p99_ms_64",
+           "inprocess_actions_per_s_64")
+# A policy from one evaluation in (it need not play well to be served), timed in half-seconds.
+SHORT = {"env_steps": 2_000, "seconds": 0.5, "warmup_s": 0.2}
 
 
-def make_run(tmp: Path) -> Path:
-    """A short CartPole PPO run with a best policy (evaluated every 2,000 env steps)."""
+def make_run(tmp: Path, env_steps: int = 6000) -> Path:
+    """A short CartPole PPO run with a best policy (evaluated every 2,000 env steps, or twice
+    in a shorter run: the run may stop before an evaluation due at its end)."""
     data = yaml.safe_load((REPO_ROOT / "configs" / "cartpole-ppo.yaml").read_text())
-    data["eval"].update(every_env_steps=2000, episodes=4, num_envs=4)
-    data["stop"] = {"max_env_steps": 6000, "max_wall_s": 120}
+    data["eval"].update(every_env_steps=min(2000, env_steps // 2), episodes=4, num_envs=4)
+    data["stop"] = {"max_env_steps": env_steps, "max_wall_s": 120}
     config = tmp / "cartpole-ppo.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     run_dir = tmp / "run"
@@ -92,10 +100,10 @@ def percentiles(seconds: list[float]) -> tuple[float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-def timed(call, seconds: float) -> tuple[list[float], float]:
+def timed(call, seconds: float, warmup_s: float = WARMUP_S) -> tuple[list[float], float]:
     """Call `call(i)` for `seconds` after a warm-up: each call's latency, and the wall time."""
     i = 0
-    deadline = time.perf_counter() + WARMUP_S
+    deadline = time.perf_counter() + warmup_s
     while time.perf_counter() < deadline:
         call(i)
         i += 1
@@ -108,8 +116,8 @@ def timed(call, seconds: float) -> tuple[list[float], float]:
     return latencies, time.perf_counter() - start
 
 
-def over_http(port: int, token: str, bodies: list[bytes], seconds: float
-              ) -> tuple[list[float], float]:
+def over_http(port: int, token: str, bodies: list[bytes], seconds: float,
+              warmup_s: float = WARMUP_S) -> tuple[list[float], float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
 
@@ -121,7 +129,7 @@ def over_http(port: int, token: str, bodies: list[bytes], seconds: float
             raise RuntimeError(f"POST /act answered {resp.status}: {data[:500]!r}")
 
     try:
-        return timed(call, seconds)
+        return timed(call, seconds, warmup_s)
     finally:
         conn.close()
 
@@ -142,13 +150,17 @@ def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> 
     raise RuntimeError(f"rlfleet serve-policy did not answer /health in {timeout_s:.0f} s")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", default=None, help="a run with best_policy.safetensors "
                     "(default: make one, CartPole PPO)")
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per figure")
     ap.add_argument("--threads", type=int, default=4, help="the server's HTTP threads")
-    args = ap.parse_args()
+    ap.add_argument("--env-steps", type=int, default=6000,
+                    help="the training run's budget, without --run-dir")
+    ap.add_argument("--warmup-s", type=float, default=WARMUP_S,
+                    help="seconds of calls before each figure's are timed")
+    args = parse_args(ap, argv, SHORT)
 
     from rlfleet.cli import free_port
     from rlfleet.play import policy_actions, trained_policy
@@ -158,8 +170,8 @@ def main() -> int:
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
-            log("training a policy to serve: CartPole PPO, 6,000 env steps...")
-            run_dir = make_run(tmp)
+            log(f"training a policy to serve: CartPole PPO, {args.env_steps:,} env steps...")
+            run_dir = make_run(tmp, args.env_steps)
         cfg, policy, version = trained_policy(run_dir)
         obs = observations(cfg.env.id, 64 * 8).astype(np.float32)
         batches = {b: [obs[k * b:(k + 1) * b] for k in range(8)] for b in BATCHES}
@@ -180,13 +192,13 @@ def main() -> int:
                 bodies = [json.dumps({"obs": x.tolist()}).encode() for x in batches[b]]
                 log(f"batch {b}: {args.seconds:g} s over HTTP...")
                 window = CpuWindow({"server": server.pid}).start(time.perf_counter())
-                lat, wall = over_http(port, token, bodies, args.seconds)
+                lat, wall = over_http(port, token, bodies, args.seconds, args.warmup_s)
                 cpu[b] = window.stop(time.perf_counter())
                 log(f"  {cpu[b].describe()}")
                 log(f"batch {b}: {args.seconds:g} s in process...")
                 local, local_wall = timed(
                     lambda i, b=b: policy_actions(policy, batches[b][i % 8], True),
-                    args.seconds)
+                    args.seconds, args.warmup_s)
                 p50, p99 = percentiles(lat)
                 l50, l99 = percentiles(local)
                 figures[b] = {"p50": p50, "p99": p99, "per_s": b * len(lat) / wall,

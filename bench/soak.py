@@ -27,6 +27,7 @@ evaluation every `--eval-every` env steps (so the evaluation history keeps growi
 
     python bench/soak.py [--minutes 30] [--collectors 4] [--interval-s 15]
                          [--storage redis://127.0.0.1:6379/0 | DIR] [--eval-every 2000]
+                         [--short]
 
 Growth is a least-squares slope over the samples after a warm-up (the first 20% of the run,
 at least a minute: buffers fill and caches warm first). The run gets a name of its own, so it
@@ -77,6 +78,7 @@ from bench.common import (  # noqa: E402
     fmt,
     is_redis,
     log,
+    parse_args,
     print_tables,
 )
 from bench.footprint import ROLES, describe  # noqa: E402
@@ -95,6 +97,13 @@ END_WINDOW_INTERVALS = 4
 UNREACHABLE_STOP_VALUE = 1e9
 # Beyond the soak, a wall-clock stop the run reaches only if this script could not stop it.
 SAFETY_WALL_S = 600.0
+FIGURES = ("minutes", "pss_mb_start", "pss_mb_end", "pss_growth_mb_per_hour",
+           "anon_growth_mb_per_hour", "rss_mb_end", "storage_keys_max",
+           "storage_keys_slope_per_hour", "fds_growth", "threads_growth", "p99_ms_start",
+           "p99_ms_end", "samples")
+# Half a minute sampled every 2 s after a 6 s warm-up (two end windows of four intervals
+# fit after it), one collector: growth figures over seconds say nothing, but each is taken.
+SHORT = {"minutes": 0.5, "interval_s": 2.0, "warmup_s": 6.0, "collectors": 1}
 
 Buckets = dict[float, float]  # cumulative count of requests by upper bound (le), +Inf last
 
@@ -714,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="left out of the growth figures (default: 20%% of the run, >= 60 s)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where the run dir goes (default: a fresh temporary directory, kept)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
 
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="rlfleet-soak-"))).resolve()
     name = f"soak-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"

@@ -20,7 +20,7 @@ window, with the cluster idle, so drift from other load on the machine hits both
 CPU each process used during each window is shown, with what the rest of the machine used.
 
     python bench/throughput.py [--seconds 15] [--storage DIR_OR_REDIS_URL]
-                               [--learners 64 256 per]
+                               [--learners 64 256 per] [--short]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from bench.common import (  # noqa: E402
     free_running_data,
     is_redis,
     log,
+    parse_args,
     print_tables,
     progress,
     ratio,
@@ -72,6 +73,13 @@ from rlfleet.shared.run.config import RunConfig, parse_config
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
 LEARNER_GOAL = 0.9     # learner_utilisation the team aims for
+FIGURES = ("collector_steps_per_s", "in_process_steps_per_s", "collector_ratio",
+           "collector_ratio_per_cpu", "learner_utilisation", "learner_updates_per_s",
+           "in_process_updates_per_s", "learner_utilisation_256", "learner_updates_per_s_256",
+           "in_process_updates_per_s_256", "learner_utilisation_per",
+           "learner_updates_per_s_per", "in_process_updates_per_s_per")
+# All three learners still, each over a 1 s window after half a second of warm-up.
+SHORT = {"seconds": 1.0, "warmup": 0.5}
 
 
 # -- the config both sides use ------------------------------------------------------------
@@ -371,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learners", nargs="+", choices=sorted(LEARNERS), default=list(LEARNERS),
                    help="which learners to measure (default: all three)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SHORT)
 
     work = Path(tempfile.mkdtemp(prefix="rlfleet-throughput-"))
     half = args.seconds / 2
