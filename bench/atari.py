@@ -63,7 +63,7 @@ from bench.throughput import (  # noqa: E402
     update_loop_per_s,
     write_config,
 )
-from rlfleet.launcher import LocalCluster  # noqa: E402
+from rlfleet.local.launcher import LocalCluster  # noqa: E402
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays  # noqa: E402
 from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402

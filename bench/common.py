@@ -370,7 +370,7 @@ def die_with_parent() -> None:
     """A `preexec_fn` for a bench's child (`rlfleet up`): the kernel sends it SIGTERM when
     the bench dies, however it dies (SIGKILL included), and a launcher that gets SIGTERM
     stops its own children in order. The launcher's own children are set up alike."""
-    from rlfleet.launcher import _die_with_parent
+    from rlfleet.local.launcher import _die_with_parent
 
     _die_with_parent()
 

@@ -50,7 +50,7 @@ from bench.common import (  # noqa: E402
     parse_args,
     print_tables,
 )
-from rlfleet.forking import role_in  # noqa: E402
+from rlfleet.local.forking import role_in  # noqa: E402
 
 GOAL_PSS_MB = 800.0
 MB = 1024 * 1024

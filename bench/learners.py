@@ -101,8 +101,8 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from rlfleet.cli import free_port  # noqa: E402
-from rlfleet.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.learner.group import DistReducer  # noqa: E402
+from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
 from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.contract.spec import EnvSpec

@@ -60,10 +60,10 @@ from bench.common import (  # noqa: E402
 )
 from rlfleet.collector.rollout import Rollout  # noqa: E402
 from rlfleet.coordinator.replay import Replay  # noqa: E402
-from rlfleet.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.learner.arena import ChunkArena  # noqa: E402
 from rlfleet.learner.batching import assemble_from  # noqa: E402
 from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
+from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402

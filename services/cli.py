@@ -52,7 +52,7 @@ def _non_negative(text: str) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from rlfleet.launcher import up
+    from rlfleet.local.launcher import up
 
     return up(args)
 
@@ -61,7 +61,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run that stopped before it was done. A run that ended solved is finished:
     training it again only risks the policy it found (its next evaluations may score far
     lower), so that takes `--continue`."""
-    from rlfleet.launcher import up
+    from rlfleet.local.launcher import up
 
     summary = Path(args.run_dir) / "summary.json"
     try:

@@ -1,7 +1,7 @@
 """The commands a cluster's processes run: `rlfleet coordinator`, `rlfleet collector`,
 `rlfleet learner`. A container runs them through the `rlfleet` command (`cli.py`, which adds
 these parsers to its own); a child of `rlfleet up` runs them through `main` here, forked from
-the launcher (`forking.py`) or exec'd. This module imports neither the launcher nor the rest
+the launcher (`local/forking.py`) or exec'd. This module imports neither the launcher nor the rest
 of the CLI: a forked child needs only its role, and the launcher needs this module to fork it.
 """
 

@@ -24,8 +24,8 @@ import pytest
 import requests
 import yaml
 
-from rlfleet.forking import role_in
-from rlfleet.launcher import Child
+from rlfleet.local.forking import role_in
+from rlfleet.local.launcher import Child
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "cartpole-dqn.yaml"
@@ -131,7 +131,7 @@ def proc_cmdline(pid: int) -> str:
 
 
 def role_of(pid: int) -> str | None:
-    """The rlfleet command a process runs (`rlfleet.forking.role_in`), None if none."""
+    """The rlfleet command a process runs (`rlfleet.local.forking.role_in`), None if none."""
     return role_in(proc_cmdline(pid).split())
 
 

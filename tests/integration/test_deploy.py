@@ -151,7 +151,7 @@ def cli_env_names() -> set[str]:
     plus the token and body limit, which the services read themselves (shared/infra/auth.py,
     shared/infra/webapp.py)."""
     names: set[str] = set()
-    for path in sorted((REPO / "services").glob("*.py")):
+    for path in sorted((REPO / "services").rglob("*.py")):
         names |= {f"RLFLEET_{name}"
                   for name in re.findall(r'\benv\("([A-Z_]+)"', path.read_text())}
     for module in ("auth.py", "webapp.py"):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlfleet.launcher import LocalCluster, RestartsExhausted
+from rlfleet.local.launcher import LocalCluster, RestartsExhausted
 from rlfleet.shared.contract.schemas import API
 
 from .helpers import (

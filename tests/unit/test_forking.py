@@ -1,4 +1,4 @@
-"""Roles started in a forked copy of a launcher (`services/forking.py`), against real
+"""Roles started in a forked copy of a launcher (`services/local/forking.py`), against real
 children: a coordinator that serves on a loopback port, a status command that reads its
 environment, a role that fails on its arguments. The forks run from a fresh interpreter (a
 driver script), as they do from `rlfleet up`: pytest's own process holds torch and threads,
@@ -18,7 +18,7 @@ import atexit, json, os, signal, subprocess, sys, threading, time, urllib.reques
 from pathlib import Path
 
 from rlfleet.cli import free_port, main as cli_main
-from rlfleet.forking import can_fork, fork_role, preload
+from rlfleet.local.forking import can_fork, fork_role, preload
 
 atexit.register(lambda: print("launcher atexit ran in", os.getpid(), flush=True))
 tmp = Path(sys.argv[1])

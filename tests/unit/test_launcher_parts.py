@@ -1,7 +1,7 @@
 """The pieces `rlfleet up` wires, without a cluster: how a run's end becomes summary.json and
-the exit code (`services/summary.py`), the crash report on the console and the stop signals
-(`services/supervisor.py`), the progress line (`services/progress.py`) and the start-up
-figures (`services/startup.py`). The whole of `up` runs in tests/integration/test_up.py."""
+the exit code (`services/local/summary.py`), the crash report on the console and the stop signals
+(`services/local/supervisor.py`), the progress line (`services/local/progress.py`) and the start-up
+figures (`services/local/startup.py`). The whole of `up` runs in tests/integration/test_up.py."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import json
 import signal
 from pathlib import Path
 
-from rlfleet.children import Child, ChildFailed
-from rlfleet.forking import ForkedChild
-from rlfleet.plan import Plan
-from rlfleet.progress import progress_text
+from rlfleet.local.children import Child, ChildFailed
+from rlfleet.local.forking import ForkedChild
+from rlfleet.local.plan import Plan
+from rlfleet.local.progress import progress_text
+from rlfleet.local.startup import Startup
+from rlfleet.local.summary import Ending, closing_line, summarise, write_summary
+from rlfleet.local.supervisor import RestartsExhausted, SameCrash, StopSignals, crash_report
 from rlfleet.shared.infra.crash import write_crash
 from rlfleet.shared.run.config import load_config
-from rlfleet.startup import Startup
-from rlfleet.summary import Ending, closing_line, summarise, write_summary
-from rlfleet.supervisor import RestartsExhausted, SameCrash, StopSignals, crash_report
 
 REPO = Path(__file__).resolve().parents[2]
 

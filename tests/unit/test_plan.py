@@ -1,4 +1,4 @@
-"""What `rlfleet up` and `rlfleet resume` plan to start (`services/plan.py`), from their real
+"""What `rlfleet up` and `rlfleet resume` plan to start (`services/local/plan.py`), from their real
 command lines, without starting a process: the resolved config as a `RunConfig` equal to the
 file every child reads, the run directory's files, the counts, the storage's password kept
 out of every file."""
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rlfleet.cli import build_parser
-from rlfleet.plan import LAUNCH_FILE, Plan, make_plan
+from rlfleet.local.plan import LAUNCH_FILE, Plan, make_plan
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import PASSWORD_ENV
 from rlfleet.shared.run.config import load_config

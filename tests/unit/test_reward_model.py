@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.launcher import check_config
 from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.local.launcher import check_config
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 
-from rlfleet.progress import Progress, Say
+from rlfleet.local.progress import Progress, Say
+from rlfleet.local.startup import Startup
+from rlfleet.local.summary import Ending
+from rlfleet.local.supervisor import LocalCluster, StopSignals, scale, supervise
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
-from rlfleet.startup import Startup
-from rlfleet.summary import Ending
-from rlfleet.supervisor import LocalCluster, StopSignals, scale, supervise
 
 POLL_S = 0.25  # between status reads
 DOWN_POLL_S = 0.5  # between reads while the coordinator does not answer

@@ -1,5 +1,5 @@
 """Whether a config can run, answered in the launcher without torch: the launcher watches the
-run for its whole length, and its first children are forks of it (`services/forking.py`),
+run for its whole length, and its first children are forks of it (`services/local/forking.py`),
 which torch's thread pools would not survive."""
 
 from __future__ import annotations

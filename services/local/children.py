@@ -1,5 +1,5 @@
 """One child process of `rlfleet up`: how it starts (forked from the launcher while that is
-safe, exec'd otherwise; `services/forking.py`), where its output goes, and what it said when
+safe, exec'd otherwise; `services/local/forking.py`), where its output goes, and what it said when
 it died.
 
 Every child gets a process group of its own (Ctrl-C reaches only the launcher, which then
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlfleet import roles
-from rlfleet.forking import ForkedChild, can_fork, fork_role, preload
+from rlfleet.local.forking import ForkedChild, can_fork, fork_role, preload
 from rlfleet.shared.infra.crash import CRASH_FILE_ENV, read_crash
 
 _PR_SET_PDEATHSIG = 1

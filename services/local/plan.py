@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlfleet.precheck import check_config
+from rlfleet.local.precheck import check_config
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import (
     PASSWORD_ENV,

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlfleet.children import Child, ChildFailed, start_child
+from rlfleet.local.children import Child, ChildFailed, start_child
+from rlfleet.local.progress import Say
 from rlfleet.ports import free_port
-from rlfleet.progress import Say
 from rlfleet.shared.infra.crash import signature
 from rlfleet.shared.infra.http import HttpClient, HttpError
 
@@ -89,7 +89,7 @@ class LocalCluster:
                  collector_nice: int = 0, resume: bool = False, max_restarts: int = 0,
                  fork: bool = False) -> None:
         self.collector_nice = collector_nice
-        # Fork children from this process while it can (`services/forking.py`): only a
+        # Fork children from this process while it can (`services/local/forking.py`): only a
         # launcher of its own should (a test's process holds torch and threads).
         self.fork = fork
         self.resume = resume

@@ -10,12 +10,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlfleet.children import Child
-from rlfleet.plan import Plan
+from rlfleet.local.children import Child
+from rlfleet.local.plan import Plan
+from rlfleet.local.startup import Startup
+from rlfleet.local.supervisor import RestartsExhausted
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
-from rlfleet.startup import Startup
-from rlfleet.supervisor import RestartsExhausted
 
 SUMMARY_FILE = "summary.json"
 EVALUATIONS_FILE = "evaluations.json"

@@ -21,15 +21,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlfleet.children import Child, ChildFailed
-from rlfleet.children import die_with_parent as _die_with_parent
-from rlfleet.plan import make_plan
-from rlfleet.precheck import check_config
-from rlfleet.progress import Progress
-from rlfleet.startup import Startup
-from rlfleet.summary import Ending, closing_line, save_evaluations, summarise, write_summary
-from rlfleet.supervisor import LocalCluster, RestartsExhausted, StopSignals, crash_report
-from rlfleet.watch import Watch, wish_collectors
+from rlfleet.local.children import Child, ChildFailed
+from rlfleet.local.children import die_with_parent as _die_with_parent
+from rlfleet.local.plan import make_plan
+from rlfleet.local.precheck import check_config
+from rlfleet.local.progress import Progress
+from rlfleet.local.startup import Startup
+from rlfleet.local.summary import Ending, closing_line, save_evaluations, summarise, write_summary
+from rlfleet.local.supervisor import LocalCluster, RestartsExhausted, StopSignals, crash_report
+from rlfleet.local.watch import Watch, wish_collectors
 
 # What scripts and tests import from here.
 __all__ = ["Child", "ChildFailed", "LocalCluster", "RestartsExhausted", "_die_with_parent",

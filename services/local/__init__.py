@@ -1,0 +1,4 @@
+"""The local cluster: `rlfleet up` and `rlfleet resume` run every role as a process of this
+machine. `launcher.up` wires the parts: the plan (what to start, on a `RunConfig`), the
+supervisor (children, restarts, signals), the progress display, the watch over the run and
+its summary; `forking` starts children as forks of the launcher where that is sound."""
