@@ -181,8 +181,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     checked = check_runnable(load_config(args.config))
     if checked.policy_class is not None:
-        for line in describe_policy_class(checked.policy_class):
-            print(line)
+        print(describe_policy_class(checked.policy_class))
         print(f"capabilities of the built policy: {', '.join(checked.capabilities) or 'none'}")
     for warning in checked.warnings:
         print(f"warning: {warning}")
@@ -198,7 +197,8 @@ def cmd_single(args: argparse.Namespace) -> int:
 
     setup_logging("single")
     cfg = load_config(args.config).with_overrides(seed=args.seed)
-    check_runnable(cfg)
+    for warning in check_runnable(cfg).warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     res = run_single(cfg, progress=lambda s, i, r, t: print(
         f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True))
     print(asdict(res))

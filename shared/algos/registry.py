@@ -52,16 +52,3 @@ def policy_class(algo_cfg: Any) -> type:
 def make_policy(algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:
     """The policy of a config's `algo` section, built for an env."""
     return policy_class(algo_cfg)(algo_cfg, spec, seed)
-
-
-def reward_model_spec(path: str) -> RewardModelSpec | None:
-    """The built-in reward model `algo.reward_model.path` names (by name, or by its class's
-    import path), or None for a user's own."""
-    if path in REWARD_MODELS:
-        return REWARD_MODELS[path]
-    for spec in REWARD_MODELS.values():
-        module, _, attr = spec.model.partition(":")
-        package = module.rsplit(".", 1)[0]
-        if path in (spec.model, f"{package}:{attr}"):
-            return spec
-    return None

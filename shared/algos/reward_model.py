@@ -42,10 +42,10 @@ from rlfleet.shared.algos.capabilities import (
     QValues,
     SeededActing,
 )
-from rlfleet.shared.algos.registry import reward_model_spec
+from rlfleet.shared.algos.registry import REWARD_MODELS
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.spec import EnvSpec
-from rlfleet.shared.util.imports import ImportPathError, current_path, load_object
+from rlfleet.shared.util.imports import ImportPathError, load_object
 from rlfleet.shared.util.moments import RunningMoments
 
 FIELD = "algo.reward_model"
@@ -78,9 +78,8 @@ class RewardModel(Protocol):
 def reward_model_class(path: str) -> type:
     """The class `path` names (a built-in model's name, or an import path), checked to have
     the interface; `ImportPathError` otherwise."""
-    spec = reward_model_spec(current_path(path) or path)
-    cls = spec.model_class() if spec is not None and path == spec.name else load_object(
-        path, FIELD)
+    cls = (REWARD_MODELS[path].model_class() if path in REWARD_MODELS
+           else load_object(path, FIELD))
     missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:
         raise ImportPathError(f"{FIELD}={path!r} is not a reward model class"

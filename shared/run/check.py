@@ -11,7 +11,6 @@ prints what it found.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from rlfleet.shared.algos.capabilities import (
@@ -25,8 +24,6 @@ from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.util.imports import ImportPathError
-
-log = logging.getLogger("rlfleet.check")
 
 # eval.dataset metrics that read Q-values
 Q_METRICS = ("td_error", "return_prediction")
@@ -46,23 +43,19 @@ class Checked:
 def run_env_spec(cfg: RunConfig) -> EnvSpec:
     """The spec of the run's env (a league's game: one side's view of it); any failure is a
     `ConfigError` naming `env.id`."""
-    from rlfleet.shared.envs.make import env_spec
+    from rlfleet.shared.envs.make import run_spec
 
     try:
-        if cfg.league is not None:
-            from rlfleet.shared.envs.games.match import GameError, game_spec
-
-            try:
-                return game_spec(cfg.env.id, cfg.env.kwargs)
-            except GameError as err:
-                raise ConfigError(f"env.id={cfg.env.id!r}: {err}") from None
-        return env_spec(cfg.env)
+        return run_spec(cfg)
     except ConfigError:
         raise
     except ImportPathError as err:
         raise ConfigError(str(err)) from None
-    except Exception as err:  # gymnasium's own errors: unknown id, bad kwargs
-        raise ConfigError(f"env.id={cfg.env.id!r}: {type(err).__name__}: {err}") from None
+    except Exception as err:  # gymnasium's own errors (unknown id, bad kwargs), a game's
+        from rlfleet.shared.envs.games.match import GameError
+
+        what = "" if isinstance(err, GameError) else f"{type(err).__name__}: "
+        raise ConfigError(f"env.id={cfg.env.id!r}: {what}{err}") from None
 
 
 def check_runnable(cfg: RunConfig, build: bool = True) -> Checked:
@@ -135,14 +128,11 @@ def _check_built(cfg: RunConfig, env: EnvSpec) -> Checked:
         from rlfleet.shared.algos.reward_model import check_reward_model
 
         check_reward_model(cfg, env)
-    warnings = near_misses(cls)
-    for w in warnings:
-        log.warning("%s", w)
-    return Checked(env, cls, caps, warnings)
+    return Checked(env, cls, caps, near_misses(cls))
 
 
-def describe_policy_class(cls: type) -> list[str]:
-    """Lines for `rlfleet check`: the capabilities a class defines."""
+def describe_policy_class(cls: type) -> str:
+    """What `rlfleet check` says of a class: the capabilities it defines."""
     caps = [c.__name__ for c in class_capabilities(cls)]
-    return [f"{cls.__module__}:{cls.__qualname__} implements Policy"
-            + (f" and {', '.join(caps)}" if caps else "")]
+    return (f"{cls.__module__}:{cls.__qualname__} implements Policy"
+            + (f" and {', '.join(caps)}" if caps else ""))
