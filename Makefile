@@ -5,6 +5,23 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 GAMES  := $(VENV)/.games-stamp
 PYTHON ?= python3.11
+# The exact torch (and whatever else needs pinning) every install here uses; pyproject.toml
+# declares the range users get. README, "Pythons and torch".
+CONSTRAINTS ?= constraints/pinned.txt
+PIP_INSTALL  = -m pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS)
+
+# `make test-py313`: Python 3.13 with the newest torch of the range (PyPI's build, several GB
+# at its first install), in a virtual environment of its own.
+PY313      ?= python3.13
+VENV313    ?= .venv313
+STAMP313   := $(VENV313)/.installed-stamp
+# Every extra: each has wheels for 3.13.
+EXTRAS313  ?= dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs,notebook,server
+# What it runs there: the unit suite, the wheel's tests, and the must-show test (the wheel in a
+# fresh 3.13 venv that already has a torch; RLFLEET_PY313 selects it). The whole suite on 3.13:
+#   make test-py313 PY313_TESTS='tests' PY313_ARGS=
+PY313_TESTS ?= tests/unit tests/integration/test_wheel.py tests/integration/test_py313.py
+PY313_ARGS  ?= --durations=10
 
 # The project's own modules compiled once, as pip compiles what it installs: where
 # PYTHONDONTWRITEBYTECODE is set (CI machines, containers) every process would otherwise
@@ -12,12 +29,12 @@ PYTHON ?= python3.11
 # later is compiled in memory (Python checks each file's time stamp).
 COMPILE = @$(PY) -m compileall -q -j 0 shared coordinator collector learner services >/dev/null
 
-.PHONY: install up test test-all lint bench docs clean
+.PHONY: install up test test-all test-py313 lint bench docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) $(PIP_INSTALL) -e '.[dev]'
 	$(COMPILE)
 	@touch $(STAMP)
 
@@ -25,10 +42,10 @@ $(STAMP): pyproject.toml
 # `browser` for the dashboard's test, `docs` for the site's): installed on top, so `make up`
 # stays lean.
 # One pip run for all of it on a fresh machine (not `.[dev]` first and then again).
-$(GAMES): pyproject.toml
+$(GAMES): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs]'
+	$(PY) $(PIP_INSTALL) -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs]'
 	$(COMPILE)
 	@touch $(STAMP) $(GAMES)
 
@@ -47,13 +64,26 @@ test-all: $(GAMES)
 	@bash .ci/ensure-chromium
 	$(PY) -m pytest -q -m ''
 
+# Python 3.13 and torch at the top of the range (constraints/newest.txt instead of the pin).
+$(STAMP313): pyproject.toml constraints/newest.txt
+	@$(PY313) --version >/dev/null 2>&1 || { echo "need $(PY313): make test-py313 PY313=/path/to/python3.13"; exit 1; }
+	@test -x $(VENV313)/bin/python || $(PY313) -m venv $(VENV313)
+	$(VENV313)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c constraints/newest.txt -e '.[$(EXTRAS313)]'
+	@touch $(STAMP313)
+
+test-py313: $(STAMP313)
+	@bash .ci/ensure-redis
+	@bash .ci/ensure-chromium
+	RLFLEET_PY313=$(PY313) $(VENV313)/bin/python -m pytest -q -rs $(PY313_ARGS) $(PY313_TESTS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # The documentation site, built with --strict (a broken link or anchor fails) into a
 # temporary folder; `$(VENV)/bin/mkdocs serve` shows it while you edit.
 docs: $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	$(PY) $(PIP_INSTALL) -e '.[docs]'
 	@out=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d "$$out/site" \
 		&& echo "docs built in $$out/site"
 
@@ -62,4 +92,4 @@ bench: $(STAMP)
 	$(PY) bench/time_to_solve.py --algo dqn
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV313) runs .pytest_cache .ruff_cache

@@ -10,6 +10,10 @@ each behind a public fallback.
 - `foreach_norms` and `foreach_mul_` are `torch._foreach_norm` and `torch._foreach_mul_`,
   or the same arithmetic one tensor at a time.
 
+torch has a CPU kernel for `_fused_adam_` from 2.4, where pyproject's torch range starts; the
+`_foreach_*` calls are older. Each fallback is tested by taking the kernel away: removed
+before rlfleet is imported, or refusing every step (tests/unit/test_optim.py).
+
 What an algorithm may hold is an `Optimizer` (`shared/algos/base.py`): `torch.optim.Adam`,
 `FusedAdam`, or any object with the same members.
 """
