@@ -1,7 +1,7 @@
 """Bit flipping with hindsight experience replay: DQN with HER beside DQN without it, for the
 same env steps (the HER paper's first experiment, section 3.1 / figure 1).
 
-Both run `configs/bitflip-her.yaml` in the single-process runner (`rlfleet.single`: the
+Both run `configs/bitflip-her.yaml` in the single-process runner (`rlfleet.single_process`: the
 cluster's rollout, buffers, batching, transforms and DQN wired by function calls;
 `tests/integration/test_her.py` runs HER through `rlfleet up`), with `n_bits` bits, for
 `--env-steps` env steps; without HER only `algo.her` is null. Every `--eval-every` env steps
@@ -60,7 +60,7 @@ def variant_config(n_bits: int, env_steps: int, eval_every: int, seed: int,
 
 
 def run(n_bits: int, env_steps: int, eval_every: int, seed: int, her: str | None) -> dict:
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     res = run_single(variant_config(n_bits, env_steps, eval_every, seed, her))
     curve = [(e["env_steps"], e["success"]) for e in res.evaluations]

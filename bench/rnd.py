@@ -123,7 +123,7 @@ def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -
 
 def run_single_process(variant: str, seed: int, config: Path) -> Result:
     from rlfleet.shared.run.config import load_config
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     result = Result(variant, seed)
     res = run_single(load_config(config), progress=lambda s, i, r, t:

@@ -3,7 +3,7 @@
 For each game (tic-tac-toe, Connect Four), its training config (`configs/<game>-selfplay
 .yaml`, its replay ratio kept; evaluations and stop rules off, so both sides only play and
 learn) runs three ways, in turn:
-- *in one process* (the ceiling the issue names): `rlfleet.single.run_single` plays the same
+- *in one process* (the ceiling the issue names): `rlfleet.single_process.run_single` plays the same
   games with the same battle rollout, league (PFSP draws, snapshots) and learner at the same
   replay ratio, wired by function calls: no HTTP, no storage, one core;
 - *through the cluster*: `rlfleet up` with one collector (`--collectors N`) and the learner;
@@ -84,7 +84,7 @@ def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
 def single_process(config: Path) -> float:
     """Games per second of one process playing and learning (`rlfleet single`)."""
     from rlfleet.shared.run.config import load_config
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     result = run_single(load_config(config))
     assert result.games is not None

@@ -2,7 +2,7 @@
 
 For each seed, the whole cluster runs as local processes (`rlfleet up`, a subprocess) until
 the coordinator's evaluation reaches the config's stop value (475), then the single-process
-runner (`rlfleet.single.run_single`: the same rollout, buffers, batching and policy code
+runner (`rlfleet.single_process.run_single`: the same rollout, buffers, batching and policy code
 wired by function calls, no HTTP and no storage) trains the same config with the same seed in this
 process, stepping as many envs as the cluster's collectors together (`env.num_envs` x
 collectors; see `single_config`). Their ratio is the cost of distribution on this machine,
@@ -217,7 +217,7 @@ def single_config(config: Path, seed: int, collectors: int):
 
 
 def run_single_process(config: Path, seed: int, collectors: int) -> SingleResult:
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     res = run_single(single_config(config, seed, collectors))
     return SingleResult(seed=seed, solved=res.solved,

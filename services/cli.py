@@ -1,21 +1,28 @@
 """The `rlfleet` command: one entry point for every process of a cluster.
 
-    rlfleet coordinator --config PATH [--host H] [--port P]   # what containers run
+    rlfleet coordinator --config PATH [--host H] [--port P] [KEY=VALUE ...]  # containers
     rlfleet collector --coordinator URL
     rlfleet learner --coordinator URL
     rlfleet up --config PATH [--collectors N] [--storage S] [--run-dir D] [--seed S]
-               [--max-restarts N]                              # restarts crashed children
+               [--max-restarts N] [KEY=VALUE ...]              # restarts crashed children
+    rlfleet resume RUN_DIR [KEY=VALUE ...]
     rlfleet status [--coordinator URL]
     rlfleet scaler --coordinator URL                          # compose: collectors as containers
-    rlfleet single --config PATH                               # no HTTP, no storage
+    rlfleet single --config PATH [KEY=VALUE ...]               # no HTTP, no storage
     rlfleet battle RUN_DIR [--games N]                         # a self-play policy vs bots
     rlfleet play RUN_DIR [--episodes N] [--video out.mp4] [--stochastic] [--seed S]
     rlfleet serve-policy RUN_DIR --port P [--host H] [--threads N] [--reload-s S]  # POST /act
-    rlfleet check --config PATH                                # build its env and policy
+    rlfleet check --config PATH [KEY=VALUE ...]                # build its env and policy
 
-Every option can also come from an `RLFLEET_<OPTION>` environment variable (for example
-`RLFLEET_COORDINATOR`, `RLFLEET_PORT`, `RLFLEET_STORAGE`), which is how compose and Kubernetes
-configure containers.
+`KEY=VALUE` items after the options change the config's fields (`algo.lr=3e-4
+env.num_envs=16`, values in YAML; `shared/run/overrides.py`), checked as the file is.
+
+The options of the roles and the services (coordinator, collector, learner, status, scale,
+scaler, serve-policy) can also come from `RLFLEET_<OPTION>` environment variables (for example
+`RLFLEET_COORDINATOR`, `RLFLEET_PORT`, `RLFLEET_STORAGE`, and `RLFLEET_OVERRIDES` for the
+coordinator's `KEY=VALUE` items), which is how compose and Kubernetes configure containers. A
+variable is converted only by a command that uses it, and a bad value is a usage error naming
+it (`command.py`).
 
 Two settings are environment-only, because they are secrets or concern every role alike:
 `RLFLEET_TOKEN` (or `RLFLEET_TOKEN_FILE`), the cluster's shared API token that every service
@@ -30,39 +37,59 @@ import json
 import sys
 from pathlib import Path
 
-from rlfleet.command import env, run, setup_logging
+from rlfleet.command import (
+    FLOAT,
+    INT,
+    NON_NEGATIVE,
+    OVERRIDES_ENV,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    env,
+    parse_command,
+    run,
+    setup_logging,
+)
 from rlfleet.ports import free_port as free_port  # benches import it from here
-from rlfleet.roles import add_role_parsers
+from rlfleet.roles import OVERRIDES_HELP, add_role_parsers
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config
 
 
 def _supervision_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-restarts", type=_non_negative, default=env("MAX_RESTARTS", "10"),
+    p.add_argument("--max-restarts", type=NON_NEGATIVE, default=env("MAX_RESTARTS", "10"),
                    help="restarts of one child (a crashed collector, learner or coordinator) "
                    "before the run ends as crashed; 0: the first crash ends it "
                    "(default 10)")
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
+def _overrides_option(p: argparse.ArgumentParser, help: str = OVERRIDES_HELP) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=help)
+
+
+def _local_launch(args: argparse.Namespace) -> int:
+    """`rlfleet up` or `rlfleet resume`. The run's overrides are in its `config.yaml`, which
+    every child reads: a coordinator child must not apply `RLFLEET_OVERRIDES` (a setting of
+    `rlfleet coordinator`) on top of it, so the variable goes no further than here."""
+    import os
+
+    from rlfleet.local.launcher import up
+
+    if os.environ.pop(OVERRIDES_ENV, None):
+        print(f"rlfleet {args.command}: ignoring {OVERRIDES_ENV} (it is for `rlfleet "
+              "coordinator`); give overrides after the options: KEY=VALUE ...",
+              file=sys.stderr)
+    return up(args)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from rlfleet.local.launcher import up
-
-    return up(args)
+    return _local_launch(args)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue a run that stopped before it was done. A run that ended solved is finished:
     training it again only risks the policy it found (its next evaluations may score far
     lower), so that takes `--continue`."""
-    from rlfleet.local.launcher import up
-
     summary = Path(args.run_dir) / "summary.json"
     try:
         before = json.loads(summary.read_text()) if summary.is_file() else {}
@@ -75,7 +102,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
               "further.")
         return 0
     args.resume = True
-    return up(args)
+    return _local_launch(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -179,7 +206,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     the launcher itself never imports torch."""
     from rlfleet.shared.run.check import check_runnable, describe_policy_class
 
-    checked = check_runnable(load_config(args.config))
+    checked = check_runnable(load_config(args.config, args.overrides))
     if checked.policy_class is not None:
         print(describe_policy_class(checked.policy_class))
         print(f"capabilities of the built policy: {', '.join(checked.capabilities) or 'none'}")
@@ -193,16 +220,26 @@ def cmd_single(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from rlfleet.shared.run.check import check_runnable
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single, train_in_dir
 
     setup_logging("single")
-    cfg = load_config(args.config).with_overrides(seed=args.seed)
+    cfg = load_config(args.config, args.overrides).with_overrides(seed=args.seed)
+    if args.overrides:
+        print(f"overrides: {' '.join(args.overrides)}", flush=True)
     for warning in check_runnable(cfg).warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    res = run_single(cfg, progress=lambda s, i, r, t: print(
-        f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True))
+
+    def progress(s: int, i: int, r: float, t: float) -> None:
+        print(f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True)
+
+    outcome = None
+    if args.run_dir:
+        res, outcome = train_in_dir(cfg, Path(args.run_dir), progress)
+    else:
+        res = run_single(cfg, progress=progress)
     print(asdict(res))
-    return 0 if res.solved else 3
+    # as `rlfleet up` ends: 0 solved, 3 stopped unsolved, 130 stopped by a signal
+    return 0 if res.solved else 130 if outcome == "interrupted" else 3
 
 
 def _version() -> str:
@@ -220,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("up", help="run a whole cluster as local processes until solved")
     u.add_argument("--config", required=True)
+    _overrides_option(u, OVERRIDES_HELP + "; written with the rest into the run directory's "
+                      "config.yaml")
     u.add_argument("--collectors", type=int, default=2)
     u.add_argument("--learners", type=int, default=None,
                    help="learners training as one data-parallel group (default: the config's "
@@ -241,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("resume", help="continue a stopped or crashed run from its run "
                        "directory (buffers, counters, checkpoints and curves)")
     r.add_argument("run_dir", help="runs/<name>, as `rlfleet up` made it")
+    _overrides_option(r, "config fields to change before the run goes on, as for `rlfleet "
+                      "up` (KEY=VALUE after the options), written into its config.yaml; what "
+                      "the stored buffers and checkpoints were made for (its env, algorithm "
+                      "and networks, buffers, name and storage) stays as it was")
     r.add_argument("--collectors", type=int, default=None, help="default: as before")
     r.add_argument("--learners", type=int, default=None, help="default: as before")
     r.add_argument("--max-wall-s", type=float, default=None)
@@ -304,10 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(observations in, actions out, batched)")
     sp.add_argument("run_dir", help="runs/<name>")
     sp.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    sp.add_argument("--port", type=int, default=int(env("PORT", "8080")))
-    sp.add_argument("--threads", type=int, default=int(env("THREADS", "4")),
+    sp.add_argument("--port", type=PORT, default=env("PORT", "8080"))
+    sp.add_argument("--threads", type=POSITIVE, default=env("THREADS", "4"),
                     help="HTTP threads (inference runs one batch at a time)")
-    sp.add_argument("--reload-s", type=float, default=float(env("RELOAD_S", "5")),
+    sp.add_argument("--reload-s", type=SECONDS, default=env("RELOAD_S", "5"),
                     help="seconds between checks for a newer best policy in RUN_DIR (a run "
                     "still training), swapped in without a restart; 0: never")
     sp.set_defaults(func=cmd_serve_policy)
@@ -326,14 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--project", default=env("COMPOSE_PROJECT"),
                     help="compose project (default: the one of the container it runs in)")
     sl.add_argument("--service", default=env("SCALE_SERVICE", "collector"))
-    sl.add_argument("--grace-s", type=float, default=float(env("GRACE_S", "30")),
+    sl.add_argument("--grace-s", type=SECONDS, default=env("GRACE_S", "30"),
                     help="SIGTERM to SIGKILL when a container is removed (it drains meanwhile)")
-    sl.add_argument("--interval-s", type=float, default=float(env("INTERVAL_S", "2")))
-    sl.add_argument("--min-env-steps-per-s", type=float,
-                    default=float(env("MIN_ENV_STEPS_PER_S", "0")),
+    sl.add_argument("--interval-s", type=SECONDS, default=env("INTERVAL_S", "2"))
+    sl.add_argument("--min-env-steps-per-s", type=FLOAT,
+                    default=env("MIN_ENV_STEPS_PER_S", "0"),
                     help="autoscale: add a collector while the run is slower than this")
-    sl.add_argument("--max-collectors", type=int, default=int(env("MAX_COLLECTORS", "0")))
-    sl.add_argument("--rule-window-s", type=float, default=float(env("RULE_WINDOW_S", "30")))
+    sl.add_argument("--max-collectors", type=INT, default=env("MAX_COLLECTORS", "0"))
+    sl.add_argument("--rule-window-s", type=SECONDS, default=env("RULE_WINDOW_S", "30"))
     sl.set_defaults(func=cmd_scaler)
 
     s = sub.add_parser("status", help="print a running cluster as a table")
@@ -342,17 +385,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("check", help="check a config: load it, build its env and its policy")
     k.add_argument("--config", required=True)
+    _overrides_option(k)
     k.set_defaults(func=cmd_check)
 
     g = sub.add_parser("single", help="train in one process (baseline, hyperparameter trials)")
     g.add_argument("--config", required=True)
+    _overrides_option(g)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--run-dir", default=None, help="write what `rlfleet up` leaves in a run "
+                   "directory (config.yaml, metrics.jsonl, summary.json) here")
     g.set_defaults(func=cmd_single)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run(parse_command(build_parser(), argv))
 
 
 if __name__ == "__main__":

@@ -8,13 +8,36 @@ of the CLI: a forked child needs only its role, and the launcher needs this modu
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlfleet.command import env, run, setup_logging
+from rlfleet.command import (
+    OVERRIDES_ENV,
+    PORT,
+    POSITIVE,
+    EnvFlag,
+    env,
+    from_env,
+    parse_command,
+    run,
+    setup_logging,
+)
 from rlfleet.ports import free_port
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+log = logging.getLogger("rlfleet.coordinator")
+
+OVERRIDES_HELP = ("config fields to change, as dotted KEY=VALUE items after the options, "
+                  "each value YAML: algo.lr=3e-4 env.num_envs=16 "
+                  "'learner.mix=[{buffer: replay, fraction: 1.0}]'")
 
 
 def _advertise(args: argparse.Namespace) -> str:
@@ -24,13 +47,18 @@ def _advertise(args: argparse.Namespace) -> str:
     return f"http://{host}:{args.port}"
 
 
-def cmd_coordinator(args: argparse.Namespace) -> int:
-    from rlfleet.serve import serve_in_process
-
-    setup_logging("coordinator")
+def coordinator_factory(args: argparse.Namespace) -> Callable[[], Flask]:
+    """What `rlfleet coordinator` serves, from its parsed options: the run's config (with the
+    overrides of `RLFLEET_OVERRIDES` and then of the command line, and the command line's seed,
+    name and networks), its run directory and storage, checked now, and a factory that builds
+    the coordinator's app (not yet started). The in-process server and the gunicorn entry
+    point (`rlfleet.wsgi`) serve the same app."""
     if not args.config:
         raise ConfigError("coordinator needs --config PATH (or RLFLEET_CONFIG)")
-    cfg = load_config(args.config)
+    overrides = env_overrides() + list(getattr(args, "overrides", None) or ())
+    cfg = load_config(args.config, overrides)
+    if overrides:
+        log.info("config %s with overrides: %s", args.config, " ".join(overrides))
     cfg = cfg.with_overrides(seed=args.seed, name=args.name)
     if args.worker_networks is not None:  # a deployment's own networks (compose, k8s)
         networks = [n for n in args.worker_networks.split(",") if n.strip()]
@@ -40,11 +68,39 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     storage = args.storage or cfg.storage or str(run_dir / "storage")
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    def factory():
+    def factory() -> Flask:
         from rlfleet.coordinator.app import create_app
 
         return create_app(cfg, storage, run_dir, start=False, resume=args.resume)
 
+    return factory
+
+
+def env_overrides() -> list[str]:
+    """The `key=value` items of `RLFLEET_OVERRIDES`, split as a shell splits them (so a
+    value with spaces is quoted: `RLFLEET_OVERRIDES="algo.lr=3e-4 'learner.mix=[{buffer:
+    replay, fraction: 1.0}]'"`). A container's command stays the image's, and an operator
+    sets the run's overrides beside its other `RLFLEET_*` settings."""
+    import shlex
+
+    raw = os.environ.get(OVERRIDES_ENV, "")
+    try:
+        items = shlex.split(raw)
+    except ValueError as err:
+        raise ConfigError(f"{OVERRIDES_ENV}={raw!r}: cannot split it as a shell would: "
+                          f"{err}") from None
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{OVERRIDES_ENV}: {item!r} is not KEY=VALUE (for example "
+                              "algo.lr=3e-4; quote a value with spaces)")
+    return items
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from rlfleet.serve import serve_in_process
+
+    setup_logging("coordinator")
+    factory = coordinator_factory(args)
     # One process, as the workers are: the app keeps its state in this process, so a second
     # one beside it would buy nothing and cost memory.
     return serve_in_process(factory, args.host, args.port, threads=args.threads)
@@ -82,14 +138,17 @@ def add_role_parsers(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("coordinator", help="serve the coordinator (one process: the Flask app "
                        "on a cheroot thread pool)")
     c.add_argument("--config", default=env("CONFIG"))
+    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=OVERRIDES_HELP + f"; applied after those of {OVERRIDES_ENV} (one "
+                   "shell-quoted string of them, for compose and Kubernetes)")
     c.add_argument("--host", default=env("HOST", "127.0.0.1"))
-    c.add_argument("--port", type=int, default=int(env("PORT", "8000")))
+    c.add_argument("--port", type=PORT, default=env("PORT", "8000"))
     c.add_argument("--storage", default=env("STORAGE"), help="directory or redis://host:port/db")
     c.add_argument("--run-dir", default=env("RUN_DIR"))
-    c.add_argument("--seed", type=int, default=env("SEED"))
+    c.add_argument("--seed", type=from_env(int, "an integer seed"), default=env("SEED"))
     c.add_argument("--name", default=env("RUN_NAME"), help="run name (storage namespace)")
-    c.add_argument("--threads", type=int, default=int(env("THREADS", "16")))
-    c.add_argument("--resume", action="store_true", default=env("RESUME") == "1",
+    c.add_argument("--threads", type=POSITIVE, default=env("THREADS", "16"))
+    c.add_argument("--resume", action=EnvFlag, default=env("RESUME", False),
                    help="continue from the buffers and counters snapshot in storage")
     c.add_argument("--worker-networks", default=env("WORKER_NETWORKS"),
                    help="comma-separated CIDRs workers must register from (replaces the "
@@ -101,15 +160,15 @@ def add_role_parsers(sub: argparse._SubParsersAction) -> None:
                            "its HTTP endpoint is a thread pool beside the role's loop)")
         w.add_argument("--coordinator", default=env("COORDINATOR"))
         w.add_argument("--host", default=env("HOST", "127.0.0.1"))
-        w.add_argument("--port", type=int, default=int(env("PORT", "0")))
+        w.add_argument("--port", type=PORT, default=env("PORT", "0"))
         w.add_argument("--advertise-url", default=env("ADVERTISE_URL"),
                        help="URL the coordinator uses to reach this worker")
         w.add_argument("--worker-id", default=env("WORKER_ID"))
         w.add_argument("--storage", default=env("STORAGE"),
                        help="override the storage the coordinator announces")
         if role == "collector":
-            w.add_argument("--evaluate-only", action="store_true",
-                           default=env("EVALUATE_ONLY") == "1",
+            w.add_argument("--evaluate-only", action=EnvFlag,
+                           default=env("EVALUATE_ONLY", False),
                            help="collect nothing, only run the evaluations the coordinator "
                            "sends (an offline run's evaluator)")
         w.set_defaults(func=lambda a, r=role: serve_worker(a, r))
@@ -125,4 +184,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """`rlfleet <role> ...` in this process: what a forked child of the launcher runs."""
-    return run(build_parser().parse_args(argv))
+    return run(parse_command(build_parser(), argv))

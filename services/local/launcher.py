@@ -41,6 +41,7 @@ def up(args: argparse.Namespace) -> int:
     3 stopped unsolved, 1 crashed, 130 interrupted (2, before anything starts, for a config
     that cannot run)."""
     startup = Startup(first_chunk=not getattr(args, "resume", False))
+    signals = StopSignals.from_environment()  # before the children copy the environment
     plan = make_plan(args)
     startup.mark("config_checked")
     cluster = LocalCluster(plan.config_path, plan.run_dir, plan.storage,
@@ -48,7 +49,7 @@ def up(args: argparse.Namespace) -> int:
                            max_restarts=plan.max_restarts, fork=True)
     started = time.monotonic()
     progress = Progress(quiet=args.quiet)  # prints nothing (imports no rich) before the forks
-    signals = StopSignals().install()
+    signals.install()
     watch = Watch(cluster, progress, signals, startup)
     ending = Ending()
     try:

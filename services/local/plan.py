@@ -2,8 +2,9 @@
 resolved config, its run directory and storage, how many collectors and learners, and on
 which port the coordinator serves (`Plan`). Making the plan checks the config (exit 2 and one
 line naming the field, before any child exists) and writes what the run directory keeps of
-it: `config.yaml`, the resolved config every child reads, and `launch.json`, the worker counts
-a resume of a run killed before its summary starts again with.
+it: `config.yaml`, the resolved config every child reads (the command line's `KEY=VALUE`
+overrides applied), and `launch.json`, the worker counts a resume of a run killed before its
+summary starts again with.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from rlfleet.local.precheck import check_config
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import (
@@ -25,10 +28,27 @@ from rlfleet.shared.infra.storage.credentials import (
     split_password,
 )
 from rlfleet.shared.run.config import RunConfig, dump_config, load_config, parse_config
+from rlfleet.shared.run.overrides import apply_overrides, parse_overrides, touches, value_at
 
 CONFIG_FILE = "config.yaml"  # the resolved config, in the run directory
 LAUNCH_FILE = "launch.json"  # the worker counts a run was started with
 DEFAULT_COLLECTORS = 2  # a resumed run that left no record of its own count
+
+# What a resume may not change, and why: what the run's storage, snapshot and checkpoints
+# were made for. Anything else (the learning rate, the stop rules, evaluation, logging, the
+# collectors' settings) a resume may change.
+RESUME_FIXED = {
+    "name": "it is the run's storage namespace, where its snapshot and checkpoints are",
+    "storage": "the run's snapshot, chunks and checkpoints are there",
+    "env": "the stored chunks and the checkpointed networks were made for this env's "
+           "observations and actions",
+    "algo.name": "the checkpoints hold this algorithm's networks and optimizer state",
+    "algo.policy": "the checkpoints hold this policy class's networks",
+    "algo.hidden_sizes": "the checkpointed networks have these layer widths",
+    "algo.obs_norm": "the checkpoints hold (or lack) the observation statistics",
+    "buffers": "the coordinator restores the buffers, as they were made, from the run's "
+               "snapshot",
+}
 
 
 @dataclass(frozen=True)
@@ -51,13 +71,19 @@ class Plan:
     port: int | None = None  # the coordinator's on 127.0.0.1; None: a free one
     collector_nice: int = 0
     max_restarts: int = 0
+    overrides: tuple[str, ...] = ()  # the command line's KEY=VALUE items, applied
 
     def headline(self) -> str:
-        """The launcher's first line (rich markup)."""
+        """The launcher's first line (rich markup), and the overrides applied on a second."""
+        from rich.markup import escape
+
         learners = f"{self.learners} learner{'s' if self.learners != 1 else ''}"
-        return (f"[bold]rlfleet {'resume' if self.resume else 'up'}[/]: {self.config.env.id} "
+        line = (f"[bold]rlfleet {'resume' if self.resume else 'up'}[/]: {self.config.env.id} "
                 f"with {self.collectors} collectors, {learners}, storage {self.storage}, "
                 f"run dir {self.run_dir}")
+        if self.overrides:
+            line += f"\noverrides: {escape(' '.join(self.overrides))}"
+        return line
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -69,8 +95,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return plan
 
 
+def _overrides(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(getattr(args, "overrides", None) or ())
+
+
 def _up(args: argparse.Namespace) -> Plan:
-    cfg = load_config(args.config)
+    overrides = _overrides(args)
+    cfg = load_config(args.config, overrides)
     check_config(cfg, args.config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
@@ -89,7 +120,8 @@ def _up(args: argparse.Namespace) -> Plan:
                 run_dir=run_dir, storage=storage, collectors=args.collectors,
                 learners=config.learner.count if args.learners is None else args.learners,
                 learners_given=args.learners, port=args.port,
-                collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+                collector_nice=args.collector_nice, max_restarts=args.max_restarts,
+                overrides=overrides)
 
 
 def _resume(args: argparse.Namespace) -> Plan:
@@ -102,9 +134,20 @@ def _resume(args: argparse.Namespace) -> Plan:
     if not config_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
     cfg = load_config(config_path)
+    overrides = _overrides(args)
+    if overrides:
+        try:
+            changed = load_config(config_path, overrides)
+        except ConfigError:  # a change of algorithm fails as a config first: say why not
+            data = yaml.safe_load(config_path.read_text())
+            refuse_fixed(data, apply_overrides(data, parse_overrides(overrides)), overrides)
+            raise
+        refuse_fixed(cfg.model_dump(mode="json"), changed.model_dump(mode="json"), overrides)
+        cfg = parse_config(absolute_paths(changed.model_dump(mode="json"), run_dir),
+                           str(config_path))
     check_config(cfg, config_path)
     stop = _budget(cfg, args)
-    if stop != cfg.stop.model_dump():
+    if stop != cfg.stop.model_dump() or overrides:
         cfg = cfg.with_overrides(stop=stop)
         config_path.write_text(dump_config(cfg.model_dump(mode="json")))
     previous = next((p for p in (run_dir / "summary.json", run_dir / LAUNCH_FILE)
@@ -120,7 +163,21 @@ def _resume(args: argparse.Namespace) -> Plan:
                 learners=cfg.learner.count if learners is None else learners,
                 learners_given=learners, resume=True,
                 replaces_wish=args.collectors is not None, port=args.port,
-                collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+                collector_nice=args.collector_nice, max_restarts=args.max_restarts,
+                overrides=overrides)
+
+
+def refuse_fixed(before: dict, after: dict, overrides: tuple[str, ...]) -> None:
+    """A resume's overrides may change anything but what the run's stored state was made
+    for (`RESUME_FIXED`): `before` and `after` are the config's data without and with them.
+    Raises `ConfigError` naming the field, the override and why."""
+    for field, why in RESUME_FIXED.items():
+        if value_at(before, field) == value_at(after, field):
+            continue
+        items = [i for i in overrides if touches(i.partition("=")[0].strip(), field)]
+        raise ConfigError(f"override {' '.join(items) or ' '.join(overrides)}: a resume "
+                          f"cannot change {field} ({why}); start a new run with `rlfleet up` "
+                          "instead")
 
 
 def _budget(cfg: RunConfig, args: argparse.Namespace) -> dict:

@@ -24,13 +24,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rlfleet.local.children import Child, ChildFailed, start_child
 from rlfleet.local.progress import Say
 from rlfleet.ports import free_port
 from rlfleet.shared.infra.crash import signature
 from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.stopping import StopSignals as StopSignals  # the launcher's, re-exported
 
 # Restart back-off per child: the first restart waits this long, each next one twice as long.
 RESTART_DELAY_S = 0.5
@@ -358,29 +358,3 @@ def crash_report(err: ChildFailed, max_restarts: int, escape: Callable[[str], st
     limit = "" if isinstance(err, SameCrash) else f" (--max-restarts {max_restarts})"
     return (f"[red]{escape(str(err))}[/]{limit}; last lines of {err.child.log_path}:\n"
             f"{escape(err.child.tail())}")
-
-
-class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP (a closed terminal) ask the run to stop: while installed,
-    each only sets `received`, which the watch loop reads, so the children are stopped in
-    order rather than the launcher interrupted wherever it was. `restore` puts back the
-    handlers there were; it runs before the stop sequence starts."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received = False
-        self._before: dict[int, Any] = {}  # signal -> the handler it had
-
-    def _on_signal(self, signum, frame) -> None:
-        self.received = True
-
-    def install(self) -> StopSignals:
-        for sig in self.SIGNALS:
-            self._before[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-        self._before.clear()

@@ -10,12 +10,15 @@ algorithm registry, and `rlfleet.shared.run.check` answers whether a config can 
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from rlfleet.shared.algos.registry import ALGORITHMS, algo_spec
 from rlfleet.shared.contract.algo import ObsNormSettings, RolloutSettings
@@ -34,6 +37,11 @@ from rlfleet.shared.contract.config import (
     LoggingConfig,
     StopConfig,
     split_batch,
+)
+from rlfleet.shared.run.overrides import (
+    apply_overrides,
+    parse_overrides,
+    touches,
 )
 
 # libyaml's parser and emitter when PyYAML has them: the same documents in and out, several
@@ -229,11 +237,15 @@ class RunConfig(Frozen):
         return parse_config(data, "overrides")
 
 
-def format_validation_error(err: ValidationError, source: str = "config") -> str:
-    """One line per problem, each naming the dotted field path."""
+def format_validation_error(err: ValidationError, source: str = "config",
+                            blame: Mapping[str, str] | None = None) -> str:
+    """One line per problem, each naming the dotted field path. `blame` maps dotted keys
+    that overrides set to the text naming them (`override algo.lr=0`): a problem with such a
+    field, inside it or with a section holding it is theirs rather than `source`'s."""
     lines = []
     for e in err.errors():
         parts = [str(p) for p in e["loc"]]
+        tagged = list(parts)
         # A tagged union puts the tag in the path (algo.dqn.lr): users wrote algo.lr.
         if len(parts) > 1 and parts[0] == "algo" and parts[1] in ALGO_NAMES:
             del parts[1]
@@ -243,19 +255,86 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
             named = re.match(r"^([a-z_]+(?:\.[A-Za-z0-9_-]+)*)[=:\s]", msg)
             if named:
                 parts = [named.group(1)]
+        if e["type"] == "extra_forbidden":
+            msg += _known_fields_hint(tagged)
         loc = ".".join(parts) or "(root)"
-        lines.append(f"{source}: field '{loc}': {msg}")
+        by = next((text for key, text in (blame or {}).items() if _blames(key, loc)), source)
+        lines.append(f"{by}: field '{loc}': {msg}")
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "config") -> RunConfig:
+def _blames(key: str, loc: str) -> bool:
+    """Whether an override of `key` is behind a problem with field `loc`: it set the field
+    or a section around it, or it chose the algorithm whose settings the field is."""
+    return touches(key, loc) or (key == "algo.name" and touches("algo", loc))
+
+
+def _known_fields_hint(loc: list[str]) -> str:
+    """For an unknown field at `loc` (the error's own path, union tags in it): the fields
+    its section has, the likeliest first."""
+    section = _model_at(loc[:-1])
+    if section is None:
+        return ""
+    known = list(section.model_fields)
+    close = difflib.get_close_matches(loc[-1], known, n=3)
+    if close:
+        return f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+    return f" (the fields here: {', '.join(sorted(known))})"
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    """The config section (a pydantic model) at a validation error's path, or None."""
+    node: Any = RunConfig
+    for part in loc:
+        while get_origin(node) in (Union, UnionType):  # Optional[X], or the algo's tag next
+            members = [a for a in get_args(node) if a is not type(None)]
+            if len(members) != 1:
+                break
+            node = members[0]
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(part)
+            if field is None:
+                return None
+            node = field.annotation
+        elif get_origin(node) in (Union, UnionType) and part in ALGORITHMS:
+            node = algo_spec(part).config
+        elif get_origin(node) is dict:
+            node = get_args(node)[1]
+        elif get_origin(node) in (list, tuple):
+            node = get_args(node)[0]
+        else:
+            return None
+    while get_origin(node) in (Union, UnionType):
+        members = [a for a in get_args(node) if a is not type(None)]
+        if len(members) != 1:
+            return None
+        node = members[0]
+    return node if isinstance(node, type) and issubclass(node, BaseModel) else None
+
+
+def parse_config(data: Any, source: str = "config",
+                 overrides: Iterable[str] | Mapping[str, Any] | None = None) -> RunConfig:
+    """A `RunConfig` from a config's raw data, with dotted overrides applied first
+    (`shared/run/overrides.py`: `key=value` strings or a `{dotted key: value}` mapping), so
+    the models check them as they check the file. Raises `ConfigError` naming the field, and
+    the override that set it."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got "
                           f"{type(data).__name__}")
+    if overrides is not None and not isinstance(overrides, (Mapping, str)):
+        overrides = list(overrides)  # read twice: applied, then named in an error
+    changes = parse_overrides(overrides)
+    if changes:
+        data = apply_overrides(data, changes)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        if isinstance(overrides, Mapping):
+            blame = {key: f"override {key}={value!r}" for key, value in changes.items()}
+        else:  # as the user wrote them
+            blame = {item.partition("=")[0].strip(): f"override {item}"
+                     for item in overrides or ()}
+        raise ConfigError(format_validation_error(err, source, blame)) from None
 
 
 def packaged_configs() -> list[str]:
@@ -284,8 +363,11 @@ def config_path(name_or_path: str | Path) -> Path:
     return path
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """The run config in a YAML file, or in the packaged ready run of that name."""
+def load_config(path: str | Path,
+                overrides: Iterable[str] | Mapping[str, Any] | None = None) -> RunConfig:
+    """The run config in a YAML file, or in the packaged ready run of that name, with
+    dotted overrides applied (`key=value` strings, or a `{dotted key: value}` mapping:
+    `{"algo.lr": 3e-4}`). Raises `ConfigError` naming the field."""
     given = path
     path = config_path(path)
     try:
@@ -302,7 +384,7 @@ def load_config(path: str | Path) -> RunConfig:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), overrides)
 
 
 def dump_config(data: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from rlfleet.export import load_best_policy, read_run_config
 from rlfleet.shared.envs.make import make_vector_env
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import load_run
-from rlfleet.single import run_single
+from rlfleet.single_process import run_single
 
 from .helpers import REPO
 

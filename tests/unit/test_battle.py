@@ -206,7 +206,7 @@ def test_a_users_own_game_and_bot_by_import_path(tmp_path):
 
 
 def test_one_process_plays_learns_and_snapshots_like_the_cluster(tmp_path):
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     cfg = parse_config({
         "env": {"id": "tictactoe_v3", "num_envs": 8}, "algo": {"name": "dqn"},

@@ -193,7 +193,7 @@ def test_one_process_keeps_frames_once_and_learns_from_them():
     thread, and the point here is the data path, not the network."""
     pytest.importorskip("ale_py")
     from rlfleet.shared.run.config import parse_config
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     cfg = parse_config({
         "env": {"id": "ALE/Pong-v5", "num_envs": 4, "atari": {"max_episode_frames": 800}},

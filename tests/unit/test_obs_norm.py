@@ -103,7 +103,7 @@ def test_one_process_merges_the_counts_and_solves_invertedpendulum():
     """`rlfleet single` merges each chunk's counts as the learner service does."""
     pytest.importorskip("mujoco")
     from rlfleet.shared.run.config import load_config
-    from rlfleet.single import run_single
+    from rlfleet.single_process import run_single
 
     from .helpers import REPO
 

@@ -25,7 +25,7 @@ from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.check import check_runnable
 from rlfleet.shared.run.config import load_config, parse_config
-from rlfleet.single import run_single
+from rlfleet.single_process import run_single
 
 MOUNTAINCAR = EnvSpec(obs_shape=(2,), n_actions=3)
 RND_PATH = "rlfleet.shared.algos.rnd:RND"

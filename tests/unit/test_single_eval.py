@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlfleet.shared.run.config import load_config
-from rlfleet.single import run_single
+from rlfleet.single_process import run_single
 
 from .helpers import REPO
 

@@ -6,6 +6,7 @@ filesystem) and Redis. `open_storage` picks one from a URL-ish string.
 
 import os
 
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.base import (
     ChunkNotFound,
     Storage,
@@ -53,7 +54,8 @@ def open_storage(url: str, namespace: str = "run", max_retry_s: float | None = N
     if url.startswith(("redis://", "rediss://", "unix://")):
         from rlfleet.shared.infra.storage.redis_store import RedisStorage
 
-        retry_s = _retry_s() if max_retry_s is None else min(_retry_s(), max_retry_s)
+        retry_s = storage_retry_s()
+        retry_s = retry_s if max_retry_s is None else min(retry_s, max_retry_s)
         return RedisStorage(url, namespace, retry_s=retry_s)
     if url.startswith("file://"):
         url = url[len("file://"):]
@@ -70,21 +72,23 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _retry_s() -> float:
-    from rlfleet.shared.infra.storage.redis_store import DEFAULT_RETRY_S
-
+def storage_retry_s() -> float:
+    """`RLFLEET_STORAGE_RETRY_S`, or Redis's default. Raises `ConfigError` naming the
+    variable (the CLI checks it before a command that opens storage starts)."""
     raw = os.environ.get(RETRY_ENV, "").strip()
     if not raw:
+        from rlfleet.shared.infra.storage.redis_store import DEFAULT_RETRY_S
+
         return DEFAULT_RETRY_S
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{RETRY_ENV}={raw!r} must be a number of seconds") from None
+        raise ConfigError(f"{RETRY_ENV}={raw!r} must be a number of seconds") from None
     if not value >= 0:  # also rejects nan
-        raise ValueError(f"{RETRY_ENV}={raw!r} must be >= 0")
+        raise ConfigError(f"{RETRY_ENV}={raw!r} must be >= 0")
     return value
 
 
 __all__ = ["ChunkNotFound", "DirectoryStorage", "RedisStorage", "Storage", "StorageError",
            "VersionConflict", "evaluated_blob", "open_storage", "snapshot_blob",
-           "validate_id"]
+           "storage_retry_s", "validate_id"]

@@ -12,10 +12,13 @@ temporary directory.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob
 from rlfleet.shared.run.config import RunConfig
 
-log = logging.getLogger("rlfleet.single")
+log = logging.getLogger("rlfleet.single_process")
 
 
 @dataclass
@@ -182,14 +185,18 @@ class _LocalLeague:
         return float(np.mean(returns)) if returns else 0.0
 
 
-def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> SingleResult:
+def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
+               should_stop: Callable[[], bool] | None = None,
+               on_evaluation: Callable[[dict], None] | None = None) -> SingleResult:
     """`league_dir`: where a self-play run keeps its snapshots (a temporary directory if
-    None)."""
+    None). `should_stop` is asked after each chunk (a stop signal, the Python API's lifeline):
+    true ends the run there, unsolved. `on_evaluation` gets each evaluation's record as it is
+    made."""
     if cfg.league is not None and league_dir is None:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="rlfleet-single-league-") as tmp:
-            return run_single(cfg, progress, tmp)
+            return run_single(cfg, progress, tmp, should_stop, on_evaluation)
     if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
         raise ConfigError("buffers: `rlfleet single` reads no datasets; run an offline "
                           "config with `rlfleet up --collectors 0`")
@@ -255,6 +262,8 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
                 extra["stochastic_return"] = float(np.mean(explored.returns))
             evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
                                 "return": eval_return, **extra})
+            if on_evaluation:
+                on_evaluation(evaluations[-1])
             if progress:
                 progress(steps, learner.train_iterations, eval_return, time.monotonic() - start)
             if t195 is None and eval_return >= 195:
@@ -268,6 +277,8 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
             break
         if cfg.stop.max_wall_s and time.monotonic() - start >= cfg.stop.max_wall_s:
             break
+        if should_stop is not None and should_stop():
+            break
     if envs is not None and eval_envs is not None:
         envs.close()
         eval_envs.close()
@@ -277,7 +288,51 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None) -> 
                         eval_success, evaluations)
 
 
-if __name__ == "__main__":  # quick manual runs: python -m rlfleet.single CONFIG [SEED]
+def train_in_dir(cfg: RunConfig, run_dir: Path, progress=None) -> tuple[SingleResult, str]:
+    """`rlfleet single --run-dir DIR`: the run with what `rlfleet up` leaves in a run
+    directory, so that the Python API (`rlfleet.single(...)`) and the tools that read runs
+    read it alike: `config.yaml` (the config trained, overrides applied), `metrics.jsonl`
+    (each evaluation as it is made, under the cluster's `eval/...` keys) and `summary.json`.
+    A stop signal or the API's lifeline ends it in order, with its summary ("interrupted").
+    The result and its outcome: "solved", "stopped" (a budget ran out) or "interrupted"."""
+    from rlfleet.shared.run.config import dump_config
+    from rlfleet.shared.telemetry.rundata import JSONL_NAME
+    from rlfleet.stopping import StopSignals
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg.model_dump(mode="json")))
+    metrics = (run_dir / JSONL_NAME).open("a", encoding="utf-8")
+
+    def record(evaluation: dict) -> None:
+        row = {"scope": "eval", "step": evaluation["env_steps"], "wall_time": time.time(),
+               "eval/train_iterations": float(evaluation["train_iterations"]),
+               "eval/deterministic/return_mean": evaluation["return"]}
+        if evaluation.get("success") is not None:
+            row["eval/deterministic/success_rate"] = evaluation["success"]
+        if evaluation.get("stochastic_return") is not None:
+            row["eval/stochastic/return_mean"] = evaluation["stochastic_return"]
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+
+    signals = StopSignals.from_environment().install()
+    try:
+        res = run_single(cfg, progress, should_stop=lambda: signals.received,
+                         on_evaluation=record)
+    finally:
+        signals.restore()
+        metrics.close()
+    outcome = "solved" if res.solved else "interrupted" if signals.received else "stopped"
+    summary = {"solved": res.solved, "outcome": outcome, "eval_return": res.eval_return,
+               "stop_value": cfg.eval.stop_value, "env_steps": res.env_steps,
+               "train_iterations": res.train_iterations, "policy_version": res.policy_version,
+               "wall_seconds": res.wall_seconds, "solved_s": res.solved_s,
+               "solved_env_steps": res.solved_env_steps, "eval_success_rate": res.eval_success,
+               "evaluations": len(res.evaluations), "mode": "single"}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return res, outcome
+
+
+if __name__ == "__main__":  # quick manual runs: python -m rlfleet.single_process CONFIG [SEED]
     import sys
 
     from rlfleet.shared.run.config import load_config
