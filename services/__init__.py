@@ -10,8 +10,10 @@ and policy weights through storage. The package's folders are its layers:
 - `rlfleet` itself (this folder, `services/` in the repository): how processes start, the
   `rlfleet` command (`rlfleet.cli`), the local launcher, the single-process runner.
 
-The names below are the public API, imported on first use so that `import rlfleet` stays
-cheap (a collector never pays for torch, a status command never for gymnasium).
+`rlfleet.up(...)` and `rlfleet.single(...)` start a run from Python and return a `Run` to
+watch and stop it (`rlfleet.api`). The names below are the public API, imported on first
+use so that `import rlfleet` stays cheap (a collector never pays for torch, a status command
+never for gymnasium).
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ _PUBLIC = {
     "load_config": "rlfleet.shared.run.config",
     "parse_config": "rlfleet.shared.run.config",
     "load_run": "rlfleet.shared.telemetry.rundata",
+    "up": "rlfleet.api",
+    "single": "rlfleet.api",
+    "Run": "rlfleet.api",
+    "RunStatus": "rlfleet.api",
 }
 
-__all__ = ["ActOutput", "ConfigError", "EnvSpec", "LearnOutput", "Policy", "Reducer", "RunConfig",
-           "__version__", "load_config", "load_run", "parse_config"]
+__all__ = ["ActOutput", "ConfigError", "EnvSpec", "LearnOutput", "Policy", "Reducer", "Run",
+           "RunConfig", "RunStatus", "__version__", "load_config", "load_run", "parse_config",
+           "single", "up"]
 
 if TYPE_CHECKING:
+    from rlfleet.api import Run, RunStatus, single, up
     from rlfleet.shared.algos.base import ActOutput, LearnOutput, Policy, Reducer
     from rlfleet.shared.contract.config import ConfigError
     from rlfleet.shared.contract.spec import EnvSpec
