@@ -1,8 +1,9 @@
-"""`docker compose up` for real: the image built, the stack run with a token, collectors
-scaled 1 -> 3 -> 1 through the scaler (the Docker Engine API) while it trains, a collector
-killed, the learner and the coordinator crashed (their restart policy brings them back, the
-coordinator with `--resume`), the run solved with the ledger balanced at every moment, and
-`docker compose down -v` leaving nothing behind.
+"""`docker compose up` for real: the image built, the stack run with a token, the coordinator
+served by gunicorn, collectors scaled 1 -> 3 -> 1 through the scaler (the Docker Engine API)
+while it trains, a collector killed, the learner and the coordinator crashed (their restart
+policy brings them back, the coordinator resuming), the coordinator stopped and started by
+hand (SIGTERM: its final snapshot, exit 0, and the run restored), the run solved with the
+ledger balanced at every moment, and `docker compose down -v` leaving nothing behind.
 
 The env sleeps 1 ms a step (tests/userland, mounted into the containers), so collectors, not
 the two cores, limit env steps/s, and adding collectors must add env steps/s. Evaluation
@@ -95,6 +96,17 @@ def before_eval(stack: Stack, what: str) -> None:
     assert steps < EVAL_FROM, f"{what} came after evaluation could start ({steps} env steps)"
 
 
+def gunicorn_serves(stack: Stack) -> None:
+    """The coordinator's container runs gunicorn (`docker compose top`), with one worker and
+    its access log on stdout."""
+    top = stack.compose("top", "coordinator").stdout
+    assert "gunicorn" in top, top
+    log = stack.logs("coordinator")
+    assert "Starting gunicorn" in log and "Using worker: gthread" in log, log[-3000:]
+    assert log.count("Booting worker") == 1, log[-3000:]
+    assert re.search(r'"POST /api/v1/chunks HTTP/1\.1" 200', log), log[-3000:]
+
+
 @pytest.mark.timeout(1200)
 def test_compose_stack_scales_survives_crashes_and_solves(docker_env, tmp_path):
     from bench.compose_stack import build_image
@@ -110,6 +122,7 @@ def test_compose_stack_scales_survives_crashes_and_solves(docker_env, tmp_path):
         wait_for(lambda: stack.status()["counters"]["env_steps"] > 0, 180, "the first chunk")
         up_s = time.monotonic() - t0
         monitor.start()
+        gunicorn_serves(stack)
 
         # 1 -> 3: the scaler adds two containers; they register and add env steps/s.
         one = steady_rate(stack, 1)
@@ -176,6 +189,25 @@ def test_compose_stack_scales_survives_crashes_and_solves(docker_env, tmp_path):
         assert stack.status()["ledger"]["acknowledged"] >= acknowledged
         assert "restored run at" in stack.logs("coordinator")
         before_eval(stack, "the coordinator crash")
+
+        # Stopped by hand: SIGTERM to gunicorn, which finishes its requests, writes the final
+        # snapshot and exits 0; started again, the coordinator restores the run from it.
+        # (`docker stop`, not `docker compose stop`, which would stop its dependents too)
+        stack.docker("stop", coordinator, timeout=120)
+        assert stack.inspect(coordinator)["State"]["ExitCode"] == 0, \
+            stack.logs("coordinator")[-3000:]
+        stopped = stack.logs("coordinator")
+        assert "Handling signal: term" in stopped and "Shutting down: Master" in stopped, \
+            stopped[-3000:]
+        stack.docker("start", coordinator, timeout=120)
+        resumed = wait_for(lambda: stack.status(), 120, "the coordinator started again")
+        assert stack.logs("coordinator").count("restored run at") >= 2
+        assert resumed["counters"]["env_steps"] > steps + 2000, resumed["counters"]
+        assert resumed["ledger"]["acknowledged"] >= acknowledged
+        wait_for(lambda: stack.status()["counters"]["env_steps"]
+                 > resumed["counters"]["env_steps"] + 2000, 120,
+                 "env steps after the coordinator's stop and start")
+        before_eval(stack, "the coordinator's stop and start")
 
         # Up again to finish: the run must solve, with the ledger balanced all along.
         scale(stack, 3)

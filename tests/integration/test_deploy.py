@@ -37,6 +37,9 @@ K8S = REPO / "deploy" / "k8s"
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 
 ROLES = {"coordinator": 8000, "learner": 8100, "collector": 8200}
+# What the coordinator's container runs after `gunicorn`: `rlfleet coordinator` with its
+# options from RLFLEET_* variables (services/wsgi.py).
+GUNICORN_ARGS = ["-c", "python:rlfleet.gunicorn_conf", "rlfleet.wsgi:coordinator_app()"]
 TOKEN_SECRET = "rlfleet-token"
 
 
@@ -79,6 +82,9 @@ def compose_argv(service: dict[str, Any]) -> list[str]:
     command = service["command"]
     command = [c.replace("$$", "$") for c in command] if isinstance(command, list) \
         else command.replace("$$", "$")
+    if service.get("entrypoint") == ["gunicorn"]:
+        assert command == GUNICORN_ARGS, command
+        return ["coordinator"]
     if service.get("entrypoint") is None:
         assert isinstance(command, list), "command: give it as a list (exec form)"
         return command
@@ -90,6 +96,9 @@ def compose_argv(service: dict[str, Any]) -> list[str]:
 
 
 def k8s_argv(container: dict[str, Any]) -> list[str]:
+    if container.get("command") == ["gunicorn"]:
+        assert container["args"] == GUNICORN_ARGS, container["args"]
+        return ["coordinator"]
     assert "command" not in container, "keep the image's ENTRYPOINT (rlfleet); use args"
     return container["args"]
 
@@ -149,14 +158,15 @@ def cli_env_names() -> set[str]:
     """The RLFLEET_* variables rlfleet reads: the options of its commands (every module of
     services/ that defines some: the CLI's, the roles', the logging every command sets up),
     plus the token and body limit, which the services read themselves (shared/infra/auth.py,
-    shared/infra/webapp.py)."""
+    shared/infra/webapp.py), and the variables every command reads by name (services/command.py:
+    the log level, the coordinator's overrides)."""
     names: set[str] = set()
     for path in sorted((REPO / "services").rglob("*.py")):
         names |= {f"RLFLEET_{name}"
                   for name in re.findall(r'\benv\("([A-Z_]+)"', path.read_text())}
-    for module in ("auth.py", "webapp.py"):
-        text = (REPO / "shared" / "infra" / module).read_text()
-        names |= set(re.findall(r'"(RLFLEET_[A-Z_]+)"', text))
+    for path in (REPO / "shared" / "infra" / "auth.py", REPO / "shared" / "infra" / "webapp.py",
+                 REPO / "services" / "command.py"):
+        names |= set(re.findall(r'"(RLFLEET_[A-Z_]+)"', path.read_text()))
     return names
 
 
@@ -244,6 +254,22 @@ def test_compose_token_comes_from_the_environment():
     for role in ROLES:
         token = compose()["services"][role]["environment"]["RLFLEET_TOKEN"]
         assert token.startswith("${RLFLEET_TOKEN:?"), f"{role}: RLFLEET_TOKEN is required"
+
+
+def test_the_coordinator_runs_under_gunicorn_and_resumes(monkeypatch: pytest.MonkeyPatch):
+    """Compose and Kubernetes serve the coordinator with gunicorn and the shipped config; a
+    restarted container resumes the run, and the container's stop grace leaves gunicorn its
+    graceful_timeout for requests in flight and then the final snapshot."""
+    from rlfleet import gunicorn_conf
+
+    service, container = compose()["services"]["coordinator"], k8s_container("coordinator")
+    assert service["entrypoint"] == container["command"] == ["gunicorn"]
+    for env in (compose_env(service), k8s_env(container)):
+        assert parse(["coordinator"], env, monkeypatch).resume
+    pod = k8s_object("Deployment", "coordinator")["spec"]["template"]["spec"]
+    for grace_s in (int(service["stop_grace_period"].removesuffix("s")),
+                    pod["terminationGracePeriodSeconds"]):
+        assert grace_s >= gunicorn_conf.graceful_timeout + 10, grace_s
 
 
 def test_compose_and_k8s_admit_workers_from_their_own_networks_only():
@@ -466,14 +492,17 @@ def test_dockerfile():
     assert all_of("WORKDIR")[-1] == "/app"
     assert json.loads(all_of("ENTRYPOINT")[-1]) == ["rlfleet"]
     assert json.loads(all_of("CMD")[-1]) == ["--help"]
-    torch = [r for r in all_of("RUN") if "torch==2.13.0" in r]
-    # from the CPU index by default; `--build-arg TORCH_INDEX=` where it cannot be reached
+    # torch at the pin every install here uses (constraints/pinned.txt), from the CPU index by
+    # default; `--build-arg TORCH_INDEX=` where it cannot be reached
+    assert "constraints/pinned.txt /etc/rlfleet-constraints.txt" in all_of("COPY")
+    pips = [r for r in all_of("RUN") if "pip install" in r]
+    assert pips and all("-c /etc/rlfleet-constraints.txt" in r for r in pips), pips
+    torch = [r for r in pips if r.endswith(" torch")]
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in all_of("ARG"), \
-        "torch 2.13.0 must come from the CPU index by default"
+        "torch must come from the CPU index by default"
     assert torch and '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"}' in torch[0]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["rlfleet"] == "rlfleet.cli:main"
-    assert "torch==2.13.0" in pyproject["project"]["dependencies"]
     copied = " ".join(all_of("COPY"))
     folders = pyproject["tool"]["setuptools"]["package-dir"].values()
     for needed in ["pyproject.toml", *(f"{p}/" for p in folders)]:
