@@ -13,8 +13,9 @@ collector's chunks cannot outrun the answers that would stop it.
 
 Storage may be down for a while (a Redis restart, a remounted volume). Then a chunk that could
 not be written is *held*: kept encoded in memory while a writer thread retries the held chunks,
-oldest first, with exponential backoff, and announces each once its write succeeded. New
-chunks queue behind the held ones, so chunks reach storage in the order they were made.
+oldest first, with exponential backoff and jitter (collectors that lost Redis together do not
+retry together), and announces each once its write succeeded. New chunks queue behind the
+held ones, so chunks reach storage in the order they were made.
 
 At most `max_held_chunks` chunks are unacknowledged (held, or written but not yet acknowledged
 by the coordinator); then `add()` waits for room, which pauses collection rather than growing
@@ -49,6 +50,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import Storage, StorageError
+from rlfleet.shared.util.backoff import Backoff
 from rlfleet.shared.util.moments import RunningMoments
 
 log = logging.getLogger("rlfleet.collector")
@@ -176,7 +178,7 @@ class StorageAdder:
     # -- writing held chunks ----------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        delay, unexpected = RETRY_FIRST_S, False
+        backoff, unexpected = Backoff(RETRY_FIRST_S, RETRY_MAX_S), False
         while not self._abandon.is_set():
             with self._cond:
                 self._cond.wait_for(lambda: self._held or self._abandon.is_set())
@@ -190,11 +192,11 @@ class StorageAdder:
                     log.exception("writing a held chunk failed unexpectedly (kept, retried)")
                 unexpected = not isinstance(err, StorageError)
                 self._write_failed(err)
-                if self._abandon.wait(delay):
+                if self._abandon.wait(backoff.next()):
                     return
-                delay = min(RETRY_MAX_S, delay * 2)
                 continue
-            delay, unexpected = RETRY_FIRST_S, False
+            unexpected = False
+            backoff.reset()
             self._recovered()
             with self._cond:  # announced in write order: add() writes only when none held
                 self._held.popleft()

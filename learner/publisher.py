@@ -25,6 +25,7 @@ import torch
 from rlfleet.learner.weight_relay import RelayUnavailable
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.infra.storage import Storage, StorageError, VersionConflict
+from rlfleet.shared.util.backoff import Backoff
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -152,7 +153,7 @@ class Publisher:
         order and without gaps."""
         assert storage is not None
         t0 = time.perf_counter()
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 self._store(storage, version, state, {"policy_version": str(version),
@@ -164,13 +165,13 @@ class Publisher:
                     self._pending = None
                 return
             except StorageError as err:
+                delay = backoff.next()
                 log.warning("could not publish policy version %d (retrying in %.1fs): %s",
                             version, delay, err)
                 if self._closing.wait(delay):
                     with self._cond:
                         self._gave_up = True
                     return
-                delay = min(2 * delay, 5.0)
                 with self._cond:  # a newer state is a better use of this version number
                     if self._pending is not None:
                         (state, iterations), self._pending = self._pending, None

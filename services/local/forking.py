@@ -65,10 +65,12 @@ def role_in(cmdline: list[str]) -> str | None:
 
 
 def can_fork() -> bool:
-    """Whether a fork of this process gives a sound child: a POSIX system, no thread but
-    this one, and no torch loaded."""
-    return (hasattr(os, "fork") and threading.active_count() == 1
-            and "torch" not in sys.modules)
+    """Whether a fork of this process gives a sound child: Linux, no thread but this one, and
+    no torch loaded. Only Linux: on macOS a fork after numpy or any system framework has
+    loaded may crash or hang the child (Apple's libraries are not fork-safe, and Python's
+    multiprocessing spawns there for that reason), so children are exec'd there."""
+    return (sys.platform == "linux" and hasattr(os, "fork")
+            and threading.active_count() == 1 and "torch" not in sys.modules)
 
 
 def preload(role: str) -> None:

@@ -109,3 +109,12 @@ def test_forked_roles_behave_as_exec_ones(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "storage").is_dir()
     assert "rlfleet.coordinator" in (tmp_path / "coordinator.log").read_text()
     assert out["killed"] == -9
+
+
+def test_only_linux_forks(monkeypatch) -> None:
+    """On macOS (and any system but Linux) a fork after numpy or a system framework loaded is
+    unsound: the launcher execs its children there instead."""
+    from rlfleet.local import forking
+
+    monkeypatch.setattr(forking.sys, "platform", "darwin")
+    assert not forking.can_fork()
