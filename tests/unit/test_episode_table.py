@@ -19,6 +19,7 @@ def _chunk(n: int, returns: list[float], envs: list[int], comps=None) -> ChunkMe
 
 
 def test_rows_carry_what_collectors_and_the_coordinator_know(tmp_path):
+    pytest.importorskip("pandas", reason="the tables extra (pandas) reads the episode table")
     (tmp_path / "metrics.jsonl").write_text("")
     table = EpisodeTable("run-a", tmp_path)
     table.on_chunks("collector-1", "collect-1", 100,
@@ -48,6 +49,7 @@ def test_rows_carry_what_collectors_and_the_coordinator_know(tmp_path):
 
 
 def test_a_run_without_a_table_has_an_empty_one_and_a_torn_line_is_skipped(tmp_path):
+    pytest.importorskip("pandas", reason="the tables extra (pandas) reads the episode table")
     (tmp_path / "metrics.jsonl").write_text("")
     assert load_run(tmp_path).episodes.empty
     (tmp_path / EPISODES_NAME).write_text('{"return": 1.0, "evaluation": false}\n{"ret')
