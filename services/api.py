@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -36,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet.local.summary import SUMMARY_FILE
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.stopping import LIFELINE_ENV
 
 LAUNCHER_LOG = "launcher.log"  # the child's own output, in the run directory
 SOURCE_CONFIG = "source-config.yaml"  # a config given as a dict, as the child reads it
-SUMMARY_FILE = "summary.json"
 Overrides = Mapping[str, Any] | Iterable[str] | None
 
 
@@ -237,15 +236,10 @@ def _resolve(config: str | Path | Mapping[str, Any], items: list[str],
     """Check the config with its overrides (`ConfigError` naming the field) and choose the
     run directory; the config as the command reads it (a dict is written into the run
     directory)."""
-    from rlfleet.shared.run.config import dump_config, load_config
+    from rlfleet.shared.run.config import dump_config, load_config, parse_config
 
     if isinstance(config, Mapping):
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as tmp:
-            tmp.write(dump_config(dict(config)))
-        try:
-            cfg = load_config(tmp.name, items)
-        finally:
-            os.unlink(tmp.name)
+        cfg = parse_config(dict(config), "config", items)
     else:
         cfg = load_config(config, items)
     path = Path(run_dir) if run_dir is not None else _fresh_dir(Path(runs_root), cfg.name)

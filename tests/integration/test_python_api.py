@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,9 @@ import pytest
 import rlfleet
 from rlfleet import ConfigError
 
+from .helpers import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout_s}s")
 
 
 def _gone(pid: int) -> bool:
@@ -51,7 +43,7 @@ def test_two_runs_one_after_the_other_one_stopped_one_solved(tmp_path: Path) -> 
     starter.start()
     starter.join()
     first = started[0]
-    _wait_for(lambda: first.status().env_steps >= 2000 or not first.running(), 180,
+    wait_for(lambda: first.status().env_steps >= 2000 or not first.running(), 180,
               "the first run collected 2000 env steps")
     assert first.running(), first.log_tail()
     assert first.status().state == "running"
@@ -100,7 +92,8 @@ import os, sys, time
 import rlfleet
 run = rlfleet.up("cartpole-dqn", collectors=1, runs_root=sys.argv[1])
 print(run.pid, run.run_dir, flush=True)
-while run.status().env_steps == 0:
+deadline = time.monotonic() + 120
+while run.status().env_steps == 0 and time.monotonic() < deadline:
     time.sleep(0.5)
 if sys.argv[2] == "drop":
     del run            # the Run is collected: its run stops
@@ -117,7 +110,7 @@ def test_a_run_ends_with_its_run_object_or_its_process(tmp_path: Path, how: str)
     try:
         pid_text, run_dir = proc.stdout.readline().split()
         launcher = int(pid_text)
-        _wait_for(lambda: _gone(launcher), 120, "the launcher stopped")
+        wait_for(lambda: _gone(launcher), 120, "the launcher stopped")
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         assert summary["outcome"] == "interrupted"
         if how == "drop":
@@ -130,7 +123,7 @@ def test_a_run_ends_with_its_run_object_or_its_process(tmp_path: Path, how: str)
 def test_a_single_run_is_watched_and_stopped(tmp_path: Path) -> None:
     run = rlfleet.single("cartpole-dqn", runs_root=tmp_path,
                          overrides={"eval.every_env_steps": 500, "eval.stop_value": 10_000})
-    _wait_for(lambda: run.status().env_steps >= 1000 or not run.running(), 120,
+    wait_for(lambda: run.status().env_steps >= 1000 or not run.running(), 120,
               "a single run's evaluations")
     assert run.status().state == "running", run.log_tail()
     summary = run.stop()
