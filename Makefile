@@ -57,11 +57,13 @@ up: $(STAMP)
 test: $(GAMES)
 	@bash .ci/ensure-redis
 	@bash .ci/ensure-chromium
+	@bash .ci/ensure-slurm
 	$(PY) -m pytest -q -rs --durations=15
 
 test-all: $(GAMES)
 	@bash .ci/ensure-redis
 	@bash .ci/ensure-chromium
+	@bash .ci/ensure-slurm
 	$(PY) -m pytest -q -m ''
 
 # Python 3.13 and torch at the top of the range (constraints/newest.txt instead of the pin).

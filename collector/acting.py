@@ -8,6 +8,10 @@ chunks saying policy version -1 (no published policy acted), until torch and the
 are there, as SB3's and Dopamine's random warm-up steps do. Anything else (PPO: its chunks
 carry the acting policy's log-probs) waits for torch.
 
+An Ape-X collector (`collector.epsilon_schedule: apex`) acts with the fixed epsilon its
+collect task brings (its slot's) from its first step to its last: the policy gets it once,
+as it is made (`EpsilonGreedy.set_epsilon`), and the algorithm allows no random warm-up.
+
 A storage outage never stops acting: a policy check that fails keeps the policy at hand
 until storage answers again.
 """
@@ -15,13 +19,14 @@ until storage answers again.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.torch_loader import TorchLoader
 from rlfleet.shared.algos.base import ActOutput, Policy
+from rlfleet.shared.algos.capabilities import EpsilonGreedy
 from rlfleet.shared.algos.registry import algo_spec, make_policy
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.make import run_spec
@@ -45,22 +50,32 @@ def random_warmup_steps(cfg: RunConfig) -> int:
 
 
 class RandomPolicy:
-    """Uniform random actions, as no published policy (version -1): what a DQN collector
-    acts with while torch loads (`random_warmup_steps`). Only `act` and `bootstrap` are ever
-    called on it; evaluation waits for the real policy."""
+    """Uniform random actions, as no published policy (version -1): what a DQN or SAC
+    collector acts with while torch loads (`random_warmup_steps`): one of the discrete
+    actions, or a point of the continuous Box [low, high] (float32, as a policy's). Only
+    `act` and `bootstrap` are ever called on it; evaluation waits for the real policy."""
 
     on_policy = False
     version = -1
     train_iterations = 0
 
     def __init__(self, spec: EnvSpec, seed: int) -> None:
-        if not spec.discrete:
-            raise ValueError("uniform random warm-up needs a discrete action space")
         self.n_actions = spec.n_actions
         self.rng = np.random.default_rng(seed)
+        if not spec.discrete:
+            shape = tuple(spec.action_shape)
+            self.low = np.asarray(spec.action_low, dtype=np.float32).reshape(shape)
+            self.high = np.asarray(spec.action_high, dtype=np.float32).reshape(shape)
+            if not (np.isfinite(self.low).all() and np.isfinite(self.high).all()):
+                raise ValueError("uniform random warm-up needs a bounded action space; got "
+                                 f"low {spec.action_low}, high {spec.action_high}")
 
     def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
-        return ActOutput(self.rng.integers(self.n_actions, size=obs.shape[0]))
+        n = obs.shape[0]
+        if self.n_actions:
+            return ActOutput(self.rng.integers(self.n_actions, size=n))
+        return ActOutput(self.rng.uniform(self.low, self.high, size=(n, *self.low.shape))
+                         .astype(np.float32))
 
     def bootstrap(self, obs: np.ndarray) -> None:
         return None
@@ -106,10 +121,15 @@ class Acting:
     True and `refresh` keeps the policy at the newest published version."""
 
     def __init__(self, cfg: RunConfig, seed: int, storage: Storage, torch: TorchLoader,
-                 refresher: PolicyRefresher, counters: CollectorCounters) -> None:
+                 refresher: PolicyRefresher, counters: CollectorCounters,
+                 fixed_epsilon: float | None = None, apex_slot: int | None = None) -> None:
         self.cfg = cfg
         self.spec = run_spec(cfg)
         self.seed = seed
+        # Ape-X: the collect task's slot and its epsilon, for as long as this loop runs
+        self.fixed_epsilon = fixed_epsilon
+        self.apex_slot = apex_slot
+        counters.apex_slot = apex_slot
         self.storage = storage
         self.torch = torch
         self.refresher = refresher
@@ -119,6 +139,7 @@ class Acting:
             RandomPolicy(self.spec, seed) if self.warmup_steps and not torch.ready.is_set()
             else None)
         self.weights: StorageWeightSource | None = None
+        self.device: Any = None  # where the run's policy acts, once made (collector.device)
 
     @property
     def real(self) -> bool:
@@ -142,12 +163,35 @@ class Acting:
         import torch
 
         from rlfleet.collector.weights import StorageWeightSource
+        from rlfleet.shared.algos.device import place_policy
 
         torch.set_num_threads(1)  # this thread acts: say it here too, not only on the loader's
         self.weights = StorageWeightSource(self.storage,
                                            self.cfg.collector.policy_check_interval_s)
         self.policy = make_policy(self.cfg.algo, self.spec, self.seed)
+        # collector.device: a conv net over many envs may act faster on a GPU
+        self.device = place_policy(self.policy, self.cfg.collector.device, "collector.device")
+        if self.fixed_epsilon is not None:
+            if not isinstance(self.policy, EpsilonGreedy):
+                raise ValueError(f"collector.epsilon_schedule=apex gives this collector the "
+                                 f"fixed epsilon {self.fixed_epsilon:.6g}, but its "
+                                 f"{type(self.policy).__name__} is not EpsilonGreedy (it has "
+                                 "no epsilon and set_epsilon)")
+            self.policy.set_epsilon(self.fixed_epsilon)
+            self.counters.epsilon = self.fixed_epsilon
+            log.info("Ape-X slot %s: acting with the fixed epsilon %.6g", self.apex_slot,
+                     self.fixed_epsilon)
         return True
+
+    def epsilon(self, env_step: int) -> float | None:
+        """The epsilon acting explores with at this env step of the run: 1 while random
+        warm-up acts, the policy's own where it is `EpsilonGreedy`, else None."""
+        policy = self.policy
+        if isinstance(policy, RandomPolicy):
+            return 1.0
+        if isinstance(policy, EpsilonGreedy):
+            return float(policy.epsilon(env_step))
+        return None
 
     def refresh(self, force: bool = False) -> None:
         """Bring the run's policy to the newest published version (nothing before

@@ -198,6 +198,8 @@ class CollectLoop:
             self.acting.torch.start()
         assert self.rollout is not None
         self.counters.env_steps = self.rollout.env_steps
+        self.counters.epsilon = self.acting.epsilon(max(self.adder.global_env_steps,
+                                                        self.rollout.env_steps))
         self.counters.chunks_written = self.adder.chunks_written
         self.counters.chunks_reported = self.adder.chunks_reported
 

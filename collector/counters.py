@@ -21,3 +21,5 @@ class CollectorCounters:
     chunks_reported: int = 0
     random_steps: int = 0  # env steps acted by `RandomPolicy` while torch loaded
     games_played: int = 0  # self-play games that ended in a chunk
+    epsilon: float | None = None  # what acting explores with now (None: not epsilon-greedy)
+    apex_slot: int | None = None  # Ape-X: the collect task's slot (None: no Ape-X)

@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.shared.algos.base import Policy
-from rlfleet.shared.algos.capabilities import NormalizesObservations, SeededActing
+from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent, SeededActing
 from rlfleet.shared.contract.schemas import GameRecord, success_rate
 from rlfleet.shared.envs.goals import episode_success
 from rlfleet.shared.envs.make import final_next_obs, reward_components
@@ -112,6 +112,10 @@ class Rollout:
         """A policy swap (a collector's random warm-up ending) re-reads what it asks for:
         algo.obs_norm acts on (and stores) normalised observations and counts the raw ones."""
         self._policy = policy
+        # A recurrent policy's memory of the episodes under way starts empty (Recurrent).
+        self._recurrent = isinstance(policy, Recurrent)
+        if self._recurrent:
+            policy.reset_state(None)
         normalizes = isinstance(policy, NormalizesObservations)
         self._pre = policy.preprocess if normalizes else None
         self._moments = (RunningMoments.empty(self.obs.shape[1:])
@@ -159,6 +163,8 @@ class Rollout:
         self._clock["env_step"] += time.perf_counter() - t1
         self._clock_steps += 1
         done = terminated | truncated
+        if self._recurrent and done.any():  # these envs' next obs starts a new episode
+            self.policy.reset_state(np.flatnonzero(done))
         real_next = self.pre(final_next_obs(next_obs, info, done))
         step = {"obs": _as_stored(obs), "action": _as_stored(out.actions),
                 "reward": reward.astype(np.float32), "next_obs": _as_stored(real_next),
@@ -347,10 +353,15 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
     out = Evaluated([], [], [])
     # algo.obs_norm: the version's statistics
     pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
+    recurrent = isinstance(policy, Recurrent)
+    if recurrent:  # evaluation's own memory, empty as its episodes start
+        policy.reset_state(None, evaluation=True)
     while (quota > 0).any():
         actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         active = quota > 0
+        if recurrent and (terminated | truncated).any():
+            policy.reset_state(np.flatnonzero(terminated | truncated), evaluation=True)
         ep_return += np.where(active, reward, 0.0)
         ep_length += active
         for i in np.flatnonzero((terminated | truncated) & active):

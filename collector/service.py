@@ -132,7 +132,8 @@ class CollectorService(WorkerService):
         # rather than the whole loop waiting inside one write.
         storage = open_storage(self.storage_url, cfg.name, max_retry_s=1.0)
         try:
-            acting = Acting(cfg, task.seed, storage, self.torch, self.refresher, self.counters)
+            acting = Acting(cfg, task.seed, storage, self.torch, self.refresher, self.counters,
+                            fixed_epsilon=task.epsilon, apex_slot=task.apex_slot)
             loop = CollectLoop(cfg, task, storage, self.agent, self.inbox, acting,
                                self.counters, self._closing, self.evaluate_only)
             self._loop = loop
@@ -154,9 +155,14 @@ class CollectorService(WorkerService):
 
     def heartbeat_status(self) -> dict[str, float]:
         held, failures = self._storage_counters()
-        return {"env_steps": float(self.counters.env_steps),
-                "policy_version": float(self.counters.policy_version),
-                "chunks_held": float(held), "write_failures": float(failures)}
+        c = self.counters
+        out = {"env_steps": float(c.env_steps), "policy_version": float(c.policy_version),
+               "chunks_held": float(held), "write_failures": float(failures)}
+        if c.epsilon is not None:  # what it explores with: `rlfleet status` shows it
+            out["epsilon"] = float(c.epsilon)
+        if c.apex_slot is not None:
+            out["apex_slot"] = float(c.apex_slot)
+        return out
 
     def _storage_counters(self) -> tuple[int, int]:
         """(chunks held, failed writes) of the adder, read live: while storage is down the
@@ -175,7 +181,8 @@ class CollectorService(WorkerService):
                 "chunks_held": held, "write_failures": failures,
                 "evaluations": c.evaluations, "error": self.error,
                 "random_warmup_env_steps": c.random_steps,
-                "games_played": c.games_played}
+                "games_played": c.games_played, "epsilon": c.epsilon,
+                "apex_slot": c.apex_slot}
 
     # -- stopping ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from rlfleet.shared.algos.base import Policy
-from rlfleet.shared.algos.capabilities import NormalizesObservations
+from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent
 from rlfleet.shared.contract.config import EnvConfig, VideoConfig
 from rlfleet.shared.envs.make import make_render_env
 from rlfleet.shared.telemetry.video import Mp4Writer, VideoUnavailable
@@ -44,6 +44,8 @@ def record(env_cfg: EnvConfig, policy: Policy, video: VideoConfig, seed: int) ->
         try:
             for episode in range(video.episodes):
                 obs, _ = env.reset(seed=seed + episode)
+                if isinstance(policy, Recurrent):  # a fresh memory for each episode
+                    policy.reset_state(None, evaluation=True)
                 out.add(_frame(env))
                 total, done = 0.0, False
                 while not done and out.frames < video.max_frames:

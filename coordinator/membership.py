@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlfleet.shared.contract.schemas import Role, WorkerState
+from rlfleet.shared.contract.schemas import Role, WorkerResources, WorkerState
 
 MAX_GONE_WORKERS = 256  # dead or departed workers remembered (for `GET /workers`)
 
@@ -36,12 +36,15 @@ class Worker:
     registrations: int = 1
     status: dict[str, float] = field(default_factory=dict)
     chunks_accepted: int = 0  # chunks this worker reported that the coordinator took
+    resources: WorkerResources | None = None  # as its last registration reported them
 
     def to_json(self, now: float) -> dict:
         return {"worker_id": self.worker_id, "role": self.role.value, "url": self.url,
                 "state": self.state.value, "registrations": self.registrations,
                 "seconds_since_heartbeat": round(now - self.last_seen, 3),
-                "chunks_accepted": self.chunks_accepted, "status": self.status}
+                "chunks_accepted": self.chunks_accepted, "status": self.status,
+                "resources": (self.resources.model_dump(mode="json")
+                              if self.resources is not None else None)}
 
 
 class Membership:
@@ -52,9 +55,10 @@ class Membership:
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
 
-    def register(self, role: Role, url: str, worker_id: str | None) -> tuple[Worker, bool]:
+    def register(self, role: Role, url: str, worker_id: str | None,
+                 resources: WorkerResources | None = None) -> tuple[Worker, bool]:
         """Returns (worker, is_new). An existing id keeps its identity but takes the new
-        role and URL; it is alive again."""
+        role, URL and resources (those of the process registering now); it is alive again."""
         now = self.clock()
         with self._lock:
             if worker_id is None:
@@ -64,10 +68,12 @@ class Membership:
             old = self._workers.get(worker_id)
             if old is not None:
                 old.role, old.url, old.last_seen = role, url, now
+                old.resources = resources
                 old.state = WorkerState.ALIVE
                 old.registrations += 1
                 return old, False
-            w = Worker(worker_id, role, url, registered_at=now, last_seen=now)
+            w = Worker(worker_id, role, url, registered_at=now, last_seen=now,
+                       resources=resources)
             self._workers[worker_id] = w
             self._forget_gone()
             return w, True

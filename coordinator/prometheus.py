@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rlfleet.coordinator.readout import Readout
+from rlfleet.shared.contract.schemas import Role, WorkerResources
 
 EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
 UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)
@@ -54,6 +55,7 @@ class CoordinatorCollector:
         for role, n in s.workers_alive.items():
             alive.add_metric([role.value], n)
         yield alive
+        yield from self._worker_resources(s.resources)
 
         size = GaugeMetricFamily("rlfleet_buffer_size", "Items held per named buffer "
                                  "(queue buffers: transitions queued).", labels=["buffer"])
@@ -114,6 +116,30 @@ class CoordinatorCollector:
                                 value=int(s.solved))
         yield GaugeMetricFamily("rlfleet_run_stopped", "1 once the run is stopping.",
                                 value=int(s.stopped))
+
+    @staticmethod
+    def _worker_resources(workers: list[tuple[str, Role, WorkerResources]]
+                          ) -> Iterator[Metric]:
+        """What each alive worker reported having when it registered (none: it reported
+        nothing)."""
+        worker = ["worker_id", "role", "hostname"]
+        cores = GaugeMetricFamily("rlfleet_worker_cpu_cores", "CPU cores a worker may run "
+                                  "on (its CPU affinity).", labels=worker)
+        memory = GaugeMetricFamily("rlfleet_worker_memory_bytes", "Total memory of a "
+                                   "worker's machine.", labels=worker)
+        gpus = GaugeMetricFamily("rlfleet_worker_gpus", "GPUs a worker can use.",
+                                 labels=worker)
+        gpu_memory = GaugeMetricFamily("rlfleet_worker_gpu_memory_bytes", "Total memory of "
+                                       "each GPU a worker can use.",
+                                       labels=[*worker, "gpu", "name"])
+        for worker_id, role, res in workers:
+            labels = [worker_id, role.value, res.hostname]
+            cores.add_metric(labels, res.cpu_cores)
+            memory.add_metric(labels, res.memory_bytes)
+            gpus.add_metric(labels, len(res.gpus))
+            for gpu in res.gpus:
+                gpu_memory.add_metric([*labels, str(gpu.index), gpu.name], gpu.memory_bytes)
+        yield from (cores, memory, gpus, gpu_memory)
 
     @staticmethod
     def _learner_group(group: dict[str, Any]) -> Iterator[Metric]:

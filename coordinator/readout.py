@@ -43,7 +43,9 @@ from rlfleet.shared.contract.schemas import (
     TaskInfo,
     TaskKind,
     WorkerInfo,
+    WorkerResources,
 )
+from rlfleet.shared.infra.resources import slurm_placement
 from rlfleet.shared.run.config import RunConfig
 
 M = TypeVar("M", bound=BaseModel)
@@ -68,6 +70,8 @@ class Scrape:
     the state's lock, so one scrape describes one moment."""
 
     workers_alive: dict[Role, int]
+    # (worker id, role, resources) of each alive worker that reported its resources
+    resources: list[tuple[str, Role, WorkerResources]]
     buffer_sizes: dict[str, int]  # items per buffer (queue buffers: transitions queued)
     buffer_chunks: int
     env_steps: int
@@ -98,6 +102,7 @@ class Readout:
         self.evaluations = evaluations
         self.matchmaker = matchmaker
         self.durability = durability
+        self.slurm = slurm_placement()  # where Slurm runs this coordinator, if it does
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
 
     # -- rates ------------------------------------------------------------------------------
@@ -178,10 +183,13 @@ class Readout:
         evaluations = self.evaluations.evaluations
         latest = evaluations[-1] if evaluations else None  # a deque: [-1] is atomic
         alive = dict.fromkeys(Role, 0)
+        resources = []
         for w in self.members.alive():
             alive[w.role] += 1
-        return Scrape(workers_alive=alive, buffer_sizes=sizes, buffer_chunks=chunks,
-                      env_steps=env_steps, train_iterations=iterations,
+            if w.resources is not None:
+                resources.append((w.worker_id, w.role, w.resources))
+        return Scrape(workers_alive=alive, resources=resources, buffer_sizes=sizes,
+                      buffer_chunks=chunks, env_steps=env_steps, train_iterations=iterations,
                       policy_version=version, chunks_accepted=accepted, episodes=episodes,
                       released=released, orphans_deleted=self.durability.orphans_deleted,
                       latest_evaluation=latest, learner_group=group, solved=solved,
@@ -231,7 +239,7 @@ class Readout:
                         stop_value=self.cfg.eval.stop_value, storage=self.storage_url,
                         # workers' start-up (imports, registration) ends here
                         first_chunk_s=(round(first_chunk_s, 3) if first_chunk_s is not None
-                                       else None)),
+                                       else None), slurm=self.slurm),
             counters=RunCounters(env_steps=s.env_steps, train_iterations=s.train_iterations,
                                  granted_batches=s.granted_batches,
                                  policy_version=s.policy_version,

@@ -30,6 +30,7 @@ from rlfleet.coordinator.buffers import (
 from rlfleet.coordinator.buffers.dataset import DatasetBuffer
 from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.coordinator.buffers.sequence import SequenceBuffer
 from rlfleet.shared.contract.algo import PrioritySettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
@@ -213,7 +214,8 @@ class Replay:
                 ready = len(buf.queue) if len(buf) >= self.limiters[part.buffer].min_size else 0
                 grant = min(grant, ready)
                 continue
-            items = part.batch_size * (buf.sequence_length if isinstance(buf, EpisodeBuffer)
+            items = part.batch_size * (buf.sequence_length
+                                       if isinstance(buf, EpisodeBuffer | SequenceBuffer)
                                        else 1)
             grant = min(grant, self.limiters[part.buffer].grantable_batches(
                 items, len(buf), m.usable_items, m.sampled_items))

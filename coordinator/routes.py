@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, request
 
-from rlfleet.coordinator.admission import NotAdmitted
+from rlfleet.coordinator.admission import DeviceMissing, NotAdmitted
 from rlfleet.coordinator.membership import UnknownWorker
 from rlfleet.coordinator.openapi import document, openapi_document
 from rlfleet.coordinator.replay import UnknownBuffer
@@ -78,6 +78,12 @@ def _unknown_worker(err: UnknownWorker):
 @bp.errorhandler(NotAdmitted)
 def _not_admitted(err: NotAdmitted):
     return error(403, str(err), err.field)
+
+
+@bp.errorhandler(DeviceMissing)
+def _device_missing(err: DeviceMissing):
+    """The run's config asks for a GPU the registering worker does not have."""
+    return error(409, str(err), err.field)
 
 
 @bp.errorhandler(UnknownTask)
@@ -167,8 +173,11 @@ def list_workers():
 
 
 @bp.post(f"{API}/workers")
-@document(RegisterResponse, body=RegisterRequest, errors=[403])
+@document(RegisterResponse, body=RegisterRequest, errors=[403, 409])
 def register():
+    """Join the run, or join it again under the same id. 403: the worker's URL is outside
+    `coordinator.worker_networks`; 409: the config's `learner.device` or `collector.device`
+    asks for a GPU the worker's `resources` do not list."""
     return _json(coord().register(parse_body(RegisterRequest)))
 
 

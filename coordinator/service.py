@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from rlfleet.coordinator.admission import WorkerNetworks
+from rlfleet.coordinator.admission import WorkerNetworks, check_device
 from rlfleet.coordinator.commander import Commander
 from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.episodes import EpisodeTable
@@ -110,7 +110,7 @@ class Coordinator:
         started_at = clock()
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.admission = WorkerNetworks(cfg.coordinator.worker_networks)
-        self.tasks = TaskTable()
+        self.tasks = TaskTable(cfg.collector)  # Ape-X slots on collect tasks, if asked
         self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
         self.commander = Commander(cfg, self.members, self.tasks, token)
@@ -189,7 +189,12 @@ class Coordinator:
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
         self.admission.check(req.url)  # NotAdmitted: 403, nothing registered
-        worker, is_new = self.members.register(req.role, req.url, req.worker_id)
+        if req.role is Role.LEARNER:  # DeviceMissing: 409, nothing registered
+            check_device(self.cfg.learner.device, "learner.device", req)
+        else:
+            check_device(self.cfg.collector.device, "collector.device", req)
+        worker, is_new = self.members.register(req.role, req.url, req.worker_id,
+                                               req.resources)
         log.info("%s %s at %s", "registered" if is_new else "re-registered",
                  worker.worker_id, worker.url)
         if not is_new:  # a restart under the same id: its old process's work is lost
@@ -299,6 +304,7 @@ class Coordinator:
             rec = self.tasks.claim(worker.worker_id, kind)
             if rec is not None:
                 log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
+                self._log_slot(rec)
                 self.commander.push(rec)
 
     # -- tasks ------------------------------------------------------------------------------
@@ -309,6 +315,7 @@ class Coordinator:
         kind = TaskKind.COLLECT if worker.role is Role.COLLECTOR else TaskKind.LEARN
         rec = self.tasks.claim(worker.worker_id, kind)
         if rec is not None:
+            self._log_slot(rec)
             self.commander.push(rec)
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
@@ -322,8 +329,21 @@ class Coordinator:
         else:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
+        self._log_slot(rec)
         self.commander.push(rec)
         return rec
+
+    def _log_slot(self, rec: TaskRecord) -> None:
+        """Say which Ape-X slot (and epsilon) a collect task was handed out with."""
+        task = rec.task
+        if isinstance(task, CollectTask) and task.apex_slot is not None:
+            slots = self.cfg.collector.apex_slots
+            log.info("%s: %s has Ape-X slot %d of %d, epsilon %.6g", rec.worker_id,
+                     rec.task_id, task.apex_slot, slots, task.epsilon)
+            collecting = len(self.tasks.active(TaskKind.COLLECT))
+            if collecting > slots:
+                log.warning("%d collect tasks for collector.apex_slots=%d: collectors share "
+                            "slots (and epsilons)", collecting, slots)
 
     def end_task(self, task_id: str, worker_id: str | None, error: str | None) -> TaskRecord:
         rec = self.tasks.get(task_id)

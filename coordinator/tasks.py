@@ -5,6 +5,14 @@ becomes *unassigned* and goes to the next worker of that role that needs one (th
 worker restarted under its old id gets its own task back). Tasks are saved in the
 coordinator's snapshot, so a restarted coordinator hands the same tasks out again. Only the
 newest `MAX_ENDED_TASKS` ended tasks are remembered; an older one is unknown (404).
+
+Ape-X exploration (`collector.epsilon_schedule: apex`): every collect task handed out
+carries a slot of `collector.apex_slots` and that slot's fixed epsilon (`apex_epsilon`). A
+task handed out gets the lowest slot that no task of a live collector (pending or running)
+holds, so a collector that left or died frees its slot for the next to join; a task given
+back to its own worker (the collector restarted under its id, or the coordinator did) keeps
+its slot while no other collector took it. With more collectors than slots, the extra ones
+share: each takes the slot fewest collectors hold, the lowest of those (slots wrap).
 """
 
 from __future__ import annotations
@@ -13,11 +21,12 @@ import functools
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
+from rlfleet.shared.contract.config import CollectorConfig, apex_epsilon
 from rlfleet.shared.contract.schemas import (
     CollectTask,
     EvaluateTask,
@@ -84,7 +93,10 @@ class TaskRecord:
 
 
 class TaskTable:
-    def __init__(self) -> None:
+    def __init__(self, collector: CollectorConfig | None = None) -> None:
+        # Ape-X slots for collect tasks when the run's collectors explore so (None: no slots)
+        self._apex = (collector if collector is not None
+                      and collector.epsilon_schedule == "apex" else None)
         self._tasks: dict[str, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -98,8 +110,27 @@ class TaskTable:
     def add(self, task: AnyTask, worker_id: str) -> TaskRecord:
         rec = TaskRecord(task, worker_id, created_at=time.monotonic())
         with self._lock:
+            self._place(rec, keep=False)
             self._tasks[task.task_id] = rec
         return rec
+
+    def _place(self, rec: TaskRecord, keep: bool) -> None:
+        """Under the lock: an Ape-X collect task's slot and epsilon, as it is handed out.
+        `keep`: it goes back to its own worker, which keeps its slot unless a task of
+        another live collector holds it now (or the slot no longer exists)."""
+        c = self._apex
+        if c is None or not isinstance(rec.task, CollectTask):
+            return
+        held = Counter(r.task.apex_slot for r in self._tasks.values()
+                       if r is not rec and isinstance(r.task, CollectTask)
+                       and r.state in (TaskState.PENDING, TaskState.RUNNING)
+                       and r.task.apex_slot is not None)
+        slot = rec.task.apex_slot
+        if not keep or slot is None or slot >= c.apex_slots or held[slot]:
+            slot = min(range(c.apex_slots), key=lambda i: (held[i], i))
+        rec.task = rec.task.model_copy(update={
+            "apex_slot": slot,
+            "epsilon": apex_epsilon(slot, c.apex_slots, c.apex_eps, c.apex_alpha)})
 
     def get(self, task_id: str) -> TaskRecord:
         with self._lock:
@@ -142,7 +173,7 @@ class TaskTable:
         """A task of `kind` for this worker: its own live one (it restarted, or the
         coordinator did), else the oldest unassigned one, else None (make a new one). A
         collect task handed out again gets a new seed, so a new process does not replay
-        the old one's episodes."""
+        the old one's episodes, and under Ape-X its slot (`_place`)."""
         with self._lock:
             mine = [r for r in self._tasks.values() if r.kind is kind
                     and r.worker_id == worker_id and r.state in _LIVE]
@@ -159,6 +190,7 @@ class TaskTable:
                 rec.reassignments += 1
             if isinstance(rec.task, CollectTask):
                 rec.task = rec.task.model_copy(update={"seed": rec.task.seed + 1_000_003})
+                self._place(rec, keep=bool(mine))
             rec.state, rec.error = TaskState.PENDING, None
             self._unassigned.discard(rec.task_id)
             return rec

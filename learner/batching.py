@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.learner.sampling import DEFAULT_FIELDS, part_rows
+from rlfleet.learner.sampling import DEFAULT_FIELDS, column_rows, part_rows
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.contract.frames import take, unpack
 
@@ -67,8 +67,9 @@ def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts:
     if transforms is not None:
         fields = transforms.fields(fields)
     per_part = []
+    total_rows, cut = column_rows(columns), columns.get("cut")
     for part in parts:
-        flat = part_rows(part, offsets)
+        flat = part_rows(part, offsets, total_rows, cut)
         if transforms is None:
             arrays = {f: take(columns, f, flat) for f in fields}
         else:

@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -39,11 +40,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from rlfleet.learner.sampling import SampleLoop, batch_fields, part_rows
+from rlfleet.learner.sampling import SampleLoop, batch_fields, column_rows, part_rows
 from rlfleet.learner.shm import SHM_DIR, new_region
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
-from rlfleet.shared.contract.frames import field_layout, take
+from rlfleet.shared.contract.frames import FRAMES, OBS_STACK, field_layout, stack_index, take
 from rlfleet.shared.contract.schemas import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
@@ -127,8 +128,9 @@ class ShmWriter(SampleLoop):
         prioritized; batch b is row b of each, part p columns [start_p, start_p + n_p)."""
         num_batches = resp.num_batches
         flats, starts, total = [], [], 0
+        total_rows, cut = column_rows(columns), columns.get("cut")
         for part in resp.parts:
-            flat = part_rows(part, offsets)
+            flat = part_rows(part, offsets, total_rows, cut)
             flats.append(flat)
             starts.append(total)
             total += flat.shape[1]
@@ -149,6 +151,17 @@ class ShmWriter(SampleLoop):
             fields = transforms.fields(fields)  # n-step, relabelled, rewards set: computed
             computed = [transforms.gather(columns, flat, fields, part.buffer)
                         for part, flat in zip(resp.parts, flats, strict=True)]
+        # Stacked frames: obs and next_obs as one (S+1)-frame stack a row (learner/staging.py)
+        stacks = None
+        if computed is None and not inner and "obs" in fields and "next_obs" in fields:
+            stacks = [stack_index(columns, flat) for flat in flats]
+            if any(s is None for s in stacks):
+                stacks = None
+        if stacks is not None:
+            fields = [f for f in fields if f not in ("obs", "next_obs")]
+            frames = columns[FRAMES]
+            place(OBS_STACK, frames.dtype,
+                  (num_batches, total, *stacks[0].shape[2:], *frames.shape[1:]))
         for f in fields:
             if computed is None:
                 dtype, row_shape = field_layout(columns, f)
@@ -168,6 +181,11 @@ class ShmWriter(SampleLoop):
             return np.frombuffer(slot.map, dtype=np.dtype(dtype), count=count,
                                  offset=offset).reshape(shape)
 
+        if stacks is not None:
+            dest = view(OBS_STACK)
+            for index, start in zip(stacks, starts, strict=True):
+                np.take(columns[FRAMES], index, axis=0,
+                        out=dest[:, start:start + index.shape[1]] if len(stacks) > 1 else dest)
         for f in fields:
             dest = view(f)
             if computed is not None:
@@ -190,7 +208,8 @@ class ShmWriter(SampleLoop):
                     weights[:, start:start + n] = np.asarray(part.weights, dtype=np.float32)
                     refs.append([part.buffer, start, n])
         return {"slot": slot.index, "path": str(slot.path), "num_batches": num_batches,
-                "layout": layout, "refs": refs, "state": self.state()}
+                "layout": layout, "refs": refs, "state": self.state(),
+                "moments": self.take_moments()}
 
     def state(self) -> dict[str, Any]:
         return {"stop_run": self.stop_run.is_set(), "group_ended": self.group_ended.is_set(),
@@ -223,6 +242,13 @@ class ShmWriter(SampleLoop):
 
 def main() -> int:
     from rlfleet.shared.infra.storage.credentials import log_to_stderr
+
+    # Its learner ends it (its stdin closes), after the learner's last publish and checkpoint,
+    # which go through this process. A signal for the whole job (Slurm's scancel or requeue
+    # signals every process of it, a terminal's Ctrl-C its process group) must not end it
+    # first.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
     log_to_stderr(os.environ.get("RLFLEET_LOG_LEVEL", "INFO"),
                   "%(asctime)s learner-data %(levelname)s %(name)s: %(message)s")
@@ -296,6 +322,9 @@ class DataProcess:
         self.seen_generation: int | None = None
         self.exited: str | None = None
         self.ready: queue.Queue[dict] = queue.Queue()
+        # algo.obs_norm: the counts of the chunks the data process read, not yet taken
+        self._moments: list[dict] = []
+        self._moments_lock = threading.Lock()
         self._maps: dict[str, mmap.mmap] = {}
         self._held: int | None = None
         self._started = threading.Event()
@@ -339,6 +368,8 @@ class DataProcess:
                 continue
             self._mirror(message["state"])
             if message["kind"] == "batches":
+                with self._moments_lock:
+                    self._moments.extend(message.get("moments") or [])
                 self.ready.put(message)
             self._started.set()
         code = self._proc.wait()
@@ -355,6 +386,12 @@ class DataProcess:
             self.stop_run.set()
         if state["group_ended"]:
             self.group_ended.set()
+
+    def take_moments(self) -> list[dict]:
+        """The observation counts of the chunks read since the last call (`SampleLoop`'s)."""
+        with self._moments_lock:
+            out, self._moments = self._moments, []
+        return out
 
     def get(self, timeout: float) -> list | None:
         """The next answer's batches; the slot of the last ones goes back to the data

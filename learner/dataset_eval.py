@@ -32,7 +32,7 @@ def q_values(policy: Policy, obs: np.ndarray) -> np.ndarray:
         raise ConfigError(f"eval.dataset.metric: needs Q-values; {type(policy).__name__} is "
                           "not QValues (use algo.name dqn or cql)")
     with torch.inference_mode():
-        return np.concatenate([policy.q_values(as_obs_tensor(obs[i:i + BATCH])).numpy()
+        return np.concatenate([policy.q_values(as_obs_tensor(obs[i:i + BATCH])).cpu().numpy()
                                for i in range(0, len(obs), BATCH)])
 
 

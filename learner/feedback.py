@@ -12,14 +12,18 @@ from rlfleet.shared.contract.schemas import PriorityUpdate
 
 
 class PriorityFeedback:
+    """Priorities stay tensors (on the learner's device) until a report takes them: reading
+    a GPU tensor waits for the update that made it, so one read per report, not one per
+    update, keeps the GPU fed."""
+
     def __init__(self, max_items: int = 500_000) -> None:
         self.max_items = max_items
         self._ids: dict[str, list[np.ndarray]] = defaultdict(list)
-        self._values: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._values: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._n = 0
 
     def add(self, batch: Batch, td_abs: torch.Tensor) -> None:
-        values = td_abs.numpy()
+        values = td_abs.detach()
         for buffer, ids, part in batch.item_refs:
             if self._n >= self.max_items:  # the coordinator is unreachable: keep the newest
                 self._ids.clear()
@@ -35,7 +39,8 @@ class PriorityFeedback:
     def take_arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """What was gathered, as arrays per buffer (cheap: the training thread calls this;
         `updates_from` turns it into the request body on the reporting thread)."""
-        out = {b: (np.concatenate(ids), np.concatenate(self._values[b]))
+        out = {b: (np.concatenate(ids),
+                   torch.cat(self._values[b]).float().cpu().numpy())
                for b, ids in self._ids.items()}
         self._ids.clear()
         self._values.clear()

@@ -2,8 +2,9 @@
 
 The coordinator decides who is in the group: a generation number, each learner's rank, the
 world size and rank 0's store address (`GroupAssignment`). This module carries that out with
-torch.distributed's gloo backend (the policies train on the CPU), through torch's own
-rendezvous:
+torch.distributed: gloo for the rendezvous and the state broadcast, and for the gradients'
+all-reduce unless every rank has a GPU of its own, when NCCL sums them (`choose_backend`),
+through torch's own rendezvous:
 
 - every learner hosts a `TCPStore` from its start, so whichever learner becomes rank 0 of a
   generation already has one listening; the coordinator hands its address to the others;
@@ -23,8 +24,10 @@ rendezvous:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import socket
 import time
 
 import torch
@@ -40,15 +43,29 @@ class GroupError(RuntimeError):
     """A rendezvous or collective of the current generation failed: re-form the group."""
 
 
+def choose_backend(devices: list[str], nccl_available: bool | None = None) -> str:
+    """`nccl` when every rank trains on a CUDA device of its own (`host|device` per rank: no
+    two ranks on one GPU, which NCCL refuses), `gloo` otherwise (CPU learners, or ranks
+    sharing a GPU: gloo sums CUDA tensors through the host)."""
+    if nccl_available is None:
+        nccl_available = dist.is_nccl_available()
+    on_cuda = all(d.partition("|")[2].startswith("cuda") for d in devices)
+    return "nccl" if nccl_available and on_cuda and len(set(devices)) == len(devices) \
+        else "gloo"
+
+
 class DistReducer:
     """`Reducer` over one generation's process group: tensors of one dtype travel as one
     flat buffer, so a step's gradients (and whatever statistics ride along) cost one
-    all-reduce. Time spent in collectives is counted for `timers/learner/allreduce_ms`."""
+    all-reduce. Time spent in collectives is counted for `timers/learner/allreduce_ms`.
+    Over NCCL (`device` is then this rank's GPU) host tensors travel through the device."""
 
-    def __init__(self, pg: dist.ProcessGroup, rank: int, world_size: int) -> None:
+    def __init__(self, pg: dist.ProcessGroup, rank: int, world_size: int,
+                 device: torch.device | None = None) -> None:
         self.pg = pg
         self.rank = rank
         self.world_size = world_size
+        self.device = device  # set for NCCL: every tensor must be on this rank's GPU
         self.seconds = 0.0
         self.calls = 0
 
@@ -59,10 +76,11 @@ class DistReducer:
             by_dtype.setdefault(t.dtype, []).append(t)
         try:
             for group in by_dtype.values():
-                if len(group) == 1 and group[0].is_contiguous():
+                if len(group) == 1 and group[0].is_contiguous() and (
+                        self.device is None or group[0].device == self.device):
                     self.pg.allreduce([group[0]]).wait()
                     continue
-                flat = torch.cat([t.reshape(-1) for t in group])
+                flat = torch.cat([t.reshape(-1).to(self.device or t.device) for t in group])
                 self.pg.allreduce([flat]).wait()
                 start = 0
                 for t in group:
@@ -79,8 +97,11 @@ class DistReducer:
 class GroupMember:
     """One learner's side of the group: its store, the current generation's process group."""
 
-    def __init__(self, advertise_host: str, port: int = 0, timeout_s: float = 30.0) -> None:
+    def __init__(self, advertise_host: str, port: int = 0, timeout_s: float = 30.0,
+                 device: torch.device | None = None) -> None:
         self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.device = device or torch.device("cpu")  # where this rank's policy learns
+        self.backend = "gloo"  # of the current generation's reducer
         # Listens on every interface; the coordinator tells the others `advertise_host`.
         self.store = dist.TCPStore(advertise_host, port, is_master=True,
                                    wait_for_workers=False, timeout=self.timeout)
@@ -88,6 +109,7 @@ class GroupMember:
         self.assignment: GroupAssignment | None = None
         self.reducer: DistReducer | None = None
         self.pg: dist.ProcessGroup | None = None
+        self.nccl: dist.ProcessGroup | None = None  # the reducer's, where every rank has a GPU
 
     @property
     def generation(self) -> int | None:
@@ -128,8 +150,34 @@ class GroupMember:
         except (RuntimeError, dist.DistError, ValueError) as err:
             raise GroupError(f"rendezvous of generation {assignment.generation} failed: "
                              f"{err}") from err
-        self.reducer = DistReducer(self.pg, assignment.rank, assignment.world_size)
+        self.reducer = self._reducer(store, assignment)
         return self.reducer
+
+    def _reducer(self, store: dist.Store, assignment: GroupAssignment) -> DistReducer:
+        """The generation's reducer: over NCCL when every rank has a GPU of its own (the
+        ranks tell each other their device through the store), else over the gloo group
+        that also carries the state broadcast."""
+        assert self.pg is not None and assignment.rank is not None
+        rank, size = assignment.rank, assignment.world_size
+        try:
+            store.set(f"device/{rank}", f"{socket.gethostname()}|{self.device}")
+            devices = [store.get(f"device/{r}").decode() for r in range(size)]
+        except (RuntimeError, dist.DistError) as err:
+            raise GroupError(f"device exchange of generation {assignment.generation} "
+                             f"failed: {err}") from err
+        self.backend = choose_backend(devices)
+        if self.backend == "gloo":
+            return DistReducer(self.pg, rank, size)
+        try:  # pragma: no cover - needs a GPU per rank (not on the machines tests run on)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self.timeout
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size,
+                                         options)
+        except (RuntimeError, dist.DistError, ValueError) as err:
+            raise GroupError(f"NCCL rendezvous of generation {assignment.generation} failed: "
+                             f"{err}") from err
+        self.nccl = nccl
+        return DistReducer(nccl, rank, size, device=self.device)
 
     def broadcast_state(self, state: dict[str, torch.Tensor] | None, policy_version: int
                         ) -> tuple[dict[str, torch.Tensor], int]:
@@ -158,6 +206,10 @@ class GroupMember:
         """Drop the current process group (a failed one too): its sockets close, so a rank
         still waiting in one of its collectives fails at once. The store stays."""
         self.reducer = None
+        nccl, self.nccl = self.nccl, None
+        if nccl is not None:  # pragma: no cover - a GPU per rank
+            with contextlib.suppress(RuntimeError, AttributeError, dist.DistError):
+                nccl.abort()
         pg, self.pg = self.pg, None
         if pg is not None:
             try:

@@ -12,13 +12,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
+from rlfleet.learner.batching import Batch
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.dataset_eval import DatasetScorer
 from rlfleet.learner.group import GroupError
+from rlfleet.learner.onpolicy import merge_obs_stats
 from rlfleet.learner.prefetch import Prefetcher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.learner.training import Training, step_metrics
 from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.algos.capabilities import NormalizesObservations
 from rlfleet.shared.contract.schemas import MixShare
 from rlfleet.shared.envs.make import run_spec
 
@@ -39,7 +44,9 @@ def run_off_policy(t: Training) -> bool:
     # The assignment changes only between generations, on this thread.
     is_publisher = session.is_publisher
     closing, feedback, publisher, timers = t.closing, t.feedback, t.publisher, t.timers
+    stager, gpu = t.stager, t.gpu
     metrics: dict[str, Any] = {}
+    tracks_obs = isinstance(policy, NormalizesObservations) and policy.tracks_obs_stats
     scorer = (DatasetScorer(cfg, run_spec(cfg))
               if cfg.eval.dataset is not None and is_publisher else None)
     try:
@@ -59,10 +66,21 @@ def run_off_policy(t: Training) -> bool:
             timers.wait_s += t1 - t0
             if batches is None:
                 continue
-            for batch in batches:
+            if tracks_obs:  # algo.obs_norm: the new chunks' counts, before they are learned
+                merge_obs_stats(policy, prefetcher.take_moments())
+            # Batch i+1 goes to the device while the GPU computes update i (staging.py).
+            staged = stager.stage(with_weights(batches[0]))
+            for i, batch in enumerate(batches):
                 if reporter.stop_run.is_set() or closing.is_set():
                     return True  # the run is over: publish and report at once
-                out = policy.learn(batch.data, batch.weights)
+                data = stager.ready(staged)
+                weights = data.pop(WEIGHTS, None)
+                gpu.start()
+                out = policy.learn(data, weights)
+                gpu.end()
+                stager.done(staged)
+                if i + 1 < len(batches):
+                    staged = stager.stage(with_weights(batches[i + 1]))
                 metrics = out.metrics
                 if batch.item_refs and out.priorities is not None:
                     feedback.add(batch, out.priorities)
@@ -87,6 +105,16 @@ def run_off_policy(t: Training) -> bool:
         # second): the final version and report go out first, stored by this process.
         publisher.route(None)
         prefetcher.close(wait=False)
+
+
+WEIGHTS = "_importance_weights"  # a batch's weights travel to the device with its fields
+
+
+def with_weights(batch: Batch) -> dict[str, torch.Tensor]:
+    """The tensors of one update, importance weights included."""
+    if batch.weights is None:
+        return batch.data
+    return {**batch.data, WEIGHTS: batch.weights}
 
 
 def open_feed(t: Training) -> Prefetcher | DataProcess:

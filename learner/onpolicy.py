@@ -34,7 +34,8 @@ def run_on_policy(t: Training, buffer: str) -> bool:
         t.agent.client, t.storage, t.agent.worker_id, buffer,
         rollout_size=cfg.rollout_rows,
         max_policy_lag=(cfg.algo.max_policy_lag if isinstance(cfg.algo, RolloutSettings)
-                        else None))
+                        else None),
+        packed=t.placement.cuda)
     while not t.closing.is_set() and not feeder.stop_run:
         if feeder.broken:
             raise GroupError(feeder.broken)
@@ -52,7 +53,10 @@ def run_on_policy(t: Training, buffer: str) -> bool:
                 return True  # dropped chunks are reported even when no rollout filled
             continue
         merge_obs_stats(policy, feeder.take_moments())
-        out = policy.learn(rollout.data)
+        data = t.stager.put(rollout.data)  # to the device, frames stacked there
+        t.gpu.start()
+        out = policy.learn(data)
+        t.gpu.end()
         if session.is_publisher:
             t.publish()
         progress.train_iterations = policy.train_iterations

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.frames import unpack
+from rlfleet.shared.contract.frames import FRAMES, INDEX, is_packed, unpack
 from rlfleet.shared.contract.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import ChunkNotFound, Storage, StorageError
@@ -38,12 +38,31 @@ def is_stale(chunk_version: int, learner_version: int, max_lag: int | None) -> b
     return max_lag is not None and learner_version - chunk_version > max_lag
 
 
-def concat_chunks(chunks: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    """One rollout from whole chunks, in order: the fields every chunk has, concatenated
-    (stacked frames rebuilt: a rollout is learned from whole, once)."""
+def concat_chunks(chunks: list[dict[str, np.ndarray]], packed: bool = False
+                  ) -> dict[str, torch.Tensor]:
+    """One rollout from whole chunks, in order: the fields every chunk has, concatenated.
+    Stacked frames are rebuilt here, or with `packed` (a GPU learner: `expand_frames` on
+    the device) kept as each distinct frame once, the indices moved to the joined frames."""
+    if packed and chunks and all(is_packed(c) for c in chunks):
+        return _concat_packed(chunks)
     chunks = [unpack(c) for c in chunks]
     fields = set.intersection(*(set(c) for c in chunks))
     return {f: torch.from_numpy(np.concatenate([c[f] for c in chunks])) for f in sorted(fields)}
+
+
+def _concat_packed(chunks: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    fields = set.intersection(*(set(c) for c in chunks))
+    out: dict[str, np.ndarray] = {}
+    base = 0
+    shifted: dict[str, list[np.ndarray]] = {i: [] for i in INDEX.values()}
+    for c in chunks:
+        for index in INDEX.values():
+            shifted[index].append(c[index].astype(np.int64) + base)
+        base += len(c[FRAMES])
+    for f in sorted(fields):
+        out[f] = (np.concatenate(shifted[f]) if f in shifted
+                  else np.concatenate([c[f] for c in chunks]))
+    return {f: torch.from_numpy(a) for f, a in out.items()}
 
 
 @dataclass
@@ -75,6 +94,7 @@ class RolloutFeeder:
     group_ended: bool = False  # group mode: the coordinator answered 409 (a new generation)
     broken: str | None = None  # group mode: why this rank must leave its generation itself
     moments: list[dict] = field(default_factory=list)  # algo.obs_norm: chunks' raw-obs counts
+    packed: bool = False  # keep frames packed (a GPU learner stacks them on the device)
 
     def _note_moments(self, chunk_id: str, meta: dict[str, str]) -> None:
         """A chunk's raw-observation moments (algo.obs_norm), stale or not: they describe
@@ -193,7 +213,8 @@ class RolloutFeeder:
             return RolloutBatch({}, [], 0, 0.0, 0)
         lengths = np.array([len(a["reward"]) for a, _ in kept])
         lags = np.array([max(0, learner_version - v) for _, v in kept])
-        return RolloutBatch(concat_chunks([a for a, _ in kept]), ids, int(lengths.sum()),
+        return RolloutBatch(concat_chunks([a for a, _ in kept], self.packed), ids,
+                            int(lengths.sum()),
                             float((lags * lengths).sum() / lengths.sum()), int(lags.max()))
 
     def _read(self, chunk_ids: list[str]) -> list[bytes]:
@@ -230,7 +251,7 @@ class RolloutFeeder:
         self._pending = keep
         if self._rows < self.rollout_size or not keep:
             return None
-        data = concat_chunks([a for _, a, _ in keep])
+        data = concat_chunks([a for _, a, _ in keep], self.packed)
         lengths = np.array([len(a["reward"]) for _, a, _ in keep])
         lags = np.array([max(0, learner_version - v) for _, _, v in keep])
         ids = [cid for cid, _, _ in keep]

@@ -17,6 +17,7 @@ has moved on to another generation, and the loop stops (`group_ended`).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -27,7 +28,9 @@ import numpy as np
 
 from rlfleet.learner.arena import ChunkArena
 from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.algos.base import RECURRENT_PREFIX
 from rlfleet.shared.contract.codec import CodecError, decode_arrays
+from rlfleet.shared.contract.frames import FRAMES
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE, decode_sample
 from rlfleet.shared.contract.schemas import (
     API,
@@ -49,17 +52,46 @@ MASK_FIELDS = ("action_mask", "next_action_mask")
 
 def batch_fields(columns: Mapping[str, np.ndarray]) -> tuple[str, ...]:
     """The fields an off-policy batch carries: the usual ones, and the masks where the
-    chunks have them."""
-    return DEFAULT_FIELDS + tuple(f for f in MASK_FIELDS if f in columns)
+    chunks have them. Chunks of a recurrent policy (act extras named `recurrent_*`) add
+    `cut` and those columns (sorted): a recurrent learner needs the state the collector
+    acted from at each row, and where each run ends."""
+    fields = DEFAULT_FIELDS + tuple(f for f in MASK_FIELDS if f in columns)
+    recurrent = sorted(f for f in columns if f.startswith(RECURRENT_PREFIX))
+    if recurrent:
+        fields += tuple(f for f in ("cut", *recurrent) if f not in fields)
+    return fields
 
 
-def part_rows(part: Any, offsets: np.ndarray) -> np.ndarray:
+def column_rows(columns: Mapping[str, np.ndarray]) -> int:
+    """Rows of the concatenated (or arena) columns: the length of any column but frames."""
+    return next((len(a) for f, a in columns.items() if f != FRAMES), 0)
+
+
+def part_rows(part: Any, offsets: np.ndarray, total_rows: int,
+              cut: np.ndarray | None = None) -> np.ndarray:
     """Flat row indices of a sample part's items into its chunks' concatenated columns
-    (chunk k's rows start at `offsets[k]`): (B, n), or (B, n, L) for sequence parts."""
+    (chunk k's rows start at `offsets[k]`; `total_rows` rows in all): (B, n), or (B, n, L)
+    for sequence parts.
+
+    A padded sequence (a `sequence` buffer's, whose segment ends before L rows) runs past
+    its run's last row, which is a cut row, and maybe past the last row of the columns: its
+    rows after the first cut are the learner's to mask. Indices stay in bounds (clamped to
+    the last row), and where `cut` (the columns' cut flags) is given, every row after a
+    sequence's first cut repeats that cut row, so padding is that run's own data (finite,
+    never another chunk's rows or an arena slot's unwritten ones) and still reads as past
+    the cut. Sequences that stay inside one run (every episode buffer's) are unchanged."""
     flat = offsets[np.asarray(part.chunk_index, dtype=np.int64)] + np.asarray(part.rows,
                                                                               dtype=np.int64)
     if part.sequence_length:
         flat = flat[..., None] + np.arange(part.sequence_length)
+        np.minimum(flat, max(total_rows - 1, 0), out=flat)
+        if cut is not None and part.sequence_length > 1 and flat.size:
+            cuts = np.asarray(cut, dtype=bool)[flat[..., :-1]]
+            after = np.logical_or.accumulate(cuts, axis=-1)  # a cut at or before step t
+            if after.any():
+                first = np.argmax(cuts, axis=-1)[..., None]  # the first cut's step
+                end = np.take_along_axis(flat, first, axis=-1)
+                flat[..., 1:] = np.where(after, end, flat[..., 1:])
     return flat
 
 
@@ -77,9 +109,11 @@ class SampleLoop:
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.batches_per_request = batches_per_request
-        self.arena = ChunkArena(
-            lambda ids: [decode_arrays(blob)[0] for blob in storage.get_chunks(ids)],
-            cache_size)
+        self.storage = storage
+        self.arena = ChunkArena(self._read_chunks, cache_size)
+        # algo.obs_norm: the raw-observation counts of the chunks read so far, not yet taken
+        self._moments: list[dict] = []
+        self._moments_lock = threading.Lock()
         self.mix = mix
         self.by_buffer = by_buffer
         self.rate_limited = 0
@@ -93,6 +127,33 @@ class SampleLoop:
         self.group_ended = threading.Event()
         self.broken: str | None = None  # why this rank must leave its generation itself
         self.seen_generation: int | None = None  # what the last answer said the group is at
+
+    def _read_chunks(self, ids: list[str]) -> list[dict[str, np.ndarray]]:
+        """The chunks' columns; each chunk's raw-observation counts (`obs_moments`, sent
+        with it when the run normalises observations) are kept for `take_moments`. A chunk
+        is read again only after the arena let it go, so its counts are counted once unless
+        it is sampled long after (they describe the env, so a repeat only reweights)."""
+        out = []
+        for blob in self.storage.get_chunks(ids):
+            arrays, meta = decode_arrays(blob)
+            raw = meta.get("obs_moments")
+            if raw is not None:
+                try:
+                    moments = json.loads(raw)
+                except json.JSONDecodeError:
+                    log.warning("a chunk's obs_moments is not JSON: skipped")
+                else:
+                    with self._moments_lock:
+                        self._moments.append(moments)
+            out.append(arrays)
+        return out
+
+    def take_moments(self) -> list[dict]:
+        """The observation counts of the chunks read since the last call (algo.obs_norm:
+        the learner merges them into the statistics it publishes)."""
+        with self._moments_lock:
+            out, self._moments = self._moments, []
+        return out
 
     def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
                  offsets: np.ndarray) -> Any:

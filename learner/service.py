@@ -24,6 +24,7 @@ from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.learner.group import GroupMember
 from rlfleet.learner.offpolicy import run_off_policy
 from rlfleet.learner.onpolicy import run_on_policy
+from rlfleet.learner.placement import Placement, place
 from rlfleet.learner.publisher import Publisher
 from rlfleet.learner.session import GroupSession
 from rlfleet.learner.timers import LearnerTimers, UpdateRate
@@ -63,6 +64,8 @@ class LearnerService(WorkerService):
         self.progress = Progress()
         self.session = GroupSession(self.agent, self.publisher, self._closing)
         self._rate = UpdateRate()
+        self.placement: Placement | None = None
+        self.training: Training | None = None
 
     def accept(self, envelope: TaskEnvelope) -> TaskAccepted:
         task = envelope.task
@@ -115,6 +118,7 @@ class LearnerService(WorkerService):
         self.torch_threads = torch.get_num_threads()
         seed = self.task.seed
         policy = self._build_policy(cfg, seed)
+        self.placement = placement = place(policy, cfg.learner)  # learner.device, .precision
         queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
         storage = open_storage(self.storage_url, cfg.name)
         try:
@@ -124,11 +128,13 @@ class LearnerService(WorkerService):
                 {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name})
             training = Training(cfg, policy, storage, self.storage_url, seed, self.agent,
                                 self._closing, self.publisher, self.session, self.timers,
-                                self.progress, checkpoints)
+                                self.progress, checkpoints, placement=placement)
+            self.training = training
             training.resume()
             host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
             self.session.open(GroupMember(host, cfg.learner.group_port,
-                                          cfg.learner.collective_timeout_s))
+                                          cfg.learner.collective_timeout_s,
+                                          device=placement.device))
             train = (functools.partial(run_on_policy, training, queues[0]) if policy.on_policy
                      else functools.partial(run_off_policy, training))
             self.session.run(policy, storage, training.formed, train)
@@ -163,7 +169,20 @@ class LearnerService(WorkerService):
                 "last_checkpoint_iteration": p.last_checkpoint,
                 "dropped_stale_chunks": p.feeder.dropped_chunks if p.feeder else 0,
                 "group": self.session.status(),
+                "device": self.device_status(),
                 "error": self.error}
+
+    def device_status(self) -> dict[str, Any] | None:
+        """`/status`'s `device`: where and in what precision this learner trains; on a GPU
+        its memory in use, and the shares of the GPU's time in updates and waiting for
+        data (from CUDA events: `learner/staging.py`) since the learner started."""
+        if self.placement is None:
+            return None
+        out = self.placement.status()
+        if self.training is not None:
+            out.update(self.training.gpu.fractions())
+            out["staging"] = self.training.stager.status()
+        return out
 
     def on_run_stopped(self) -> None:
         self._closing.set()

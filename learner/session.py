@@ -201,4 +201,5 @@ class GroupSession:
         return {"generation": a.generation, "rank": a.rank, "world_size": a.world_size,
                 "publisher": a.publisher, "ranks": a.ranks, "formations": self.formations,
                 "allreduce_s": round(self.allreduce_seconds(), 3),
+                "backend": getattr(self.member, "backend", None),
                 "store_addr": self.member.store_addr if self.member else None}

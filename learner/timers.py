@@ -45,14 +45,17 @@ class LearnerTimers:
         self._mark = (train_iterations, {})
 
     def per_iteration(self, train_iterations: int, chunk_fetch_s: float,
-                      allreduce_s: float) -> dict[str, float]:
+                      allreduce_s: float, extra: dict[str, float] | None = None
+                      ) -> dict[str, float]:
         """ms per train iteration by phase since the last call (empty when no iteration
         passed). `chunk_fetch_s` and `allreduce_s` are totals kept elsewhere (the sampling
         thread or data process, the group's collectives), read here so that every phase
-        covers the same iterations."""
+        covers the same iterations. `extra`: more totals so kept (a GPU learner's `gpu_busy`
+        and `gpu_wait`, from CUDA events: the GPU in updates, and idle between them waiting
+        for data)."""
         now = {"sample_wait": self.wait_s, "update": max(0.0, self.update_s - self.publish_s),
                "publish": self.publish_s, "chunk_fetch": chunk_fetch_s,
-               "allreduce": allreduce_s}
+               "allreduce": allreduce_s, **(extra or {})}
         its = train_iterations - self._mark[0]
         out = {}
         if its > 0:

@@ -20,18 +20,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.feedback import PriorityFeedback, updates_from
 from rlfleet.learner.group import GroupError
+from rlfleet.learner.placement import Placement
 from rlfleet.learner.prefetch import Prefetcher
 from rlfleet.learner.publisher import PublishConflict, Publisher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.learner.rollouts import RolloutFeeder
 from rlfleet.learner.session import GroupSession
+from rlfleet.learner.staging import GpuClock, Stager
 from rlfleet.learner.timers import LearnerTimers
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import Optimized
+from rlfleet.shared.algos.device import Precision
 from rlfleet.shared.contract.schemas import (
     API,
     Consumed,
@@ -85,12 +90,19 @@ class Training:
     timers: LearnerTimers
     progress: Progress
     checkpoints: CheckpointStore
+    placement: Placement = field(default_factory=lambda: Placement(
+        torch.device("cpu"), Precision()))
     feedback: PriorityFeedback = field(default_factory=PriorityFeedback)
     dataset_scores: dict[str, float] = field(default_factory=dict)  # eval.dataset, unsent
     checkpoint_every: int = field(init=False)
+    stager: Stager = field(init=False)
+    gpu: GpuClock = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoint_every = self.cfg.checkpoint.every_train_iterations
+        device = self.placement.device
+        self.stager = Stager(device, pin=self.cfg.learner.pin_memory)
+        self.gpu = GpuClock(device)
 
     def resume(self) -> None:
         """Continue from the newest checkpoint, if any (a restarted learner or a resumed
@@ -157,9 +169,13 @@ class Training:
     def timers_ms(self) -> dict[str, float]:
         """ms per train iteration since the last report, by phase."""
         feed = self.progress.prefetcher
+        gpu = None
+        if self.gpu.enabled:
+            self.gpu.collect()
+            gpu = {"gpu_busy": self.gpu.busy_s, "gpu_wait": self.gpu.wait_s}
         return self.timers.per_iteration(self.policy.train_iterations,
                                          feed.fetch_s if feed else 0.0,
-                                         self.session.allreduce_seconds())
+                                         self.session.allreduce_seconds(), gpu)
 
     def report(self, consumed: list[Consumed] | None = None) -> bool:
         """Send learn-info from this thread; True when the coordinator says the run is over.

@@ -72,6 +72,8 @@ class WeightRegion:
     def fill(self, state: Mapping[str, torch.Tensor]) -> Layout:
         """Copy `state` in and return its layout; `RelayUnavailable` for a dtype numpy
         has no twin of (bfloat16)."""
+        if any(t.device.type != "cpu" for t in state.values()):
+            return self._fill_from_device(state)
         arrays = {}
         for name, tensor in state.items():
             try:
@@ -90,6 +92,42 @@ class WeightRegion:
         for name, arr in arrays.items():
             np.copyto(views[name], arr)
         del views
+        return layout
+
+    def _fill_from_device(self, state: Mapping[str, torch.Tensor]) -> Layout:
+        """A GPU learner's state: the tensors of each dtype side by side, gathered into one
+        flat tensor on the device and copied to the region in one device-to-host copy (one
+        for a network's fp32 weights), with no host copy in between."""
+        import torch
+
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for name, tensor in state.items():
+            by_dtype.setdefault(tensor.dtype, []).append(name)
+        layout: Layout = {}
+        blocks: list[tuple[int, np.dtype, list[str], int]] = []
+        size = 0
+        for dtype, names in by_dtype.items():
+            try:
+                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            except TypeError as err:
+                raise RelayUnavailable(f"dtype {dtype}: {err}") from err
+            size = (size + 63) // 64 * 64
+            start, count = size, 0
+            for name in names:
+                layout[name] = [start + count * np_dtype.itemsize, np_dtype.str,
+                                list(state[name].shape)]
+                count += state[name].numel()
+            blocks.append((start, np_dtype, names, count))
+            size = start + count * np_dtype.itemsize
+        self._ensure(max(size, 1))
+        assert self.map is not None
+        for start, np_dtype, names, count in blocks:
+            parts = [state[n].detach().reshape(-1) for n in names]
+            gpu = next((p.device for p in parts if p.device.type != "cpu"), parts[0].device)
+            flat = torch.cat([p.to(gpu) for p in parts]) if len(parts) > 1 else parts[0]
+            view = np.frombuffer(self.map, dtype=np_dtype, count=count, offset=start)
+            torch.from_numpy(view).copy_(flat)  # the one device-to-host copy
+            del view
         return layout
 
     def _ensure(self, size: int) -> None:

@@ -54,6 +54,7 @@ from rlfleet.ports import free_port as free_port  # benches import it from here
 from rlfleet.roles import OVERRIDES_HELP, add_role_parsers
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config
+from rlfleet.slurm.submit import add_slurm_parser
 
 
 def _supervision_options(p: argparse.ArgumentParser) -> None:
@@ -164,7 +165,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.collectors is None and args.learners is None:
         print("rlfleet scale: give --collectors N, --learners N or both", file=sys.stderr)
         return 2
-    client = HttpClient(args.coordinator, timeout_s=5, retries=2)
+    client = HttpClient(_coordinator(args), timeout_s=5, retries=2)
     try:
         state = client.post(f"{API}/scale", ScaleRequest(collectors=args.collectors,
                                                          learners=args.learners), RunState)
@@ -197,7 +198,17 @@ def cmd_scaler(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rlfleet.status import print_status
 
-    return print_status(args.coordinator)
+    return print_status(_coordinator(args))
+
+
+def _coordinator(args: argparse.Namespace) -> str:
+    """`--coordinator URL`, or the address a Slurm run's coordinator wrote into its run
+    directory (`--run-dir`)."""
+    if getattr(args, "run_dir", None):
+        from rlfleet.slurm.submit import coordinator_url
+
+        return coordinator_url(args.run_dir)
+    return args.coordinator
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -361,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--learners", type=int, default=None, help="learners in the learner "
                     "group (the config must split its batch among them)")
     sc.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    sc.add_argument("--run-dir", default=None, help="a Slurm run's directory: its "
+                    "coordinator, wherever it runs (instead of --coordinator)")
     sc.set_defaults(func=cmd_scale)
 
     sl = sub.add_parser("scaler", help="under compose: add and remove collector containers "
@@ -381,7 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="print a running cluster as a table")
     s.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    s.add_argument("--run-dir", default=None, help="a Slurm run's directory: its "
+                   "coordinator, wherever it runs (instead of --coordinator)")
     s.set_defaults(func=cmd_status)
+
+    add_slurm_parser(sub, _overrides_option)
 
     k = sub.add_parser("check", help="check a config: load it, build its env and its policy")
     k.add_argument("--config", required=True)

@@ -22,13 +22,14 @@ from rlfleet.shared.contract.config import ConfigError
 T = TypeVar("T")
 
 # Commands that serve or call the HTTP API, and those that serve it.
-HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status", "scaler"}
-SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
+HTTP_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "status", "scaler",
+                 "slurm"}
+SERVING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "slurm"}
 # Commands that open the run's storage (`up` and `resume` through their children), and those
 # that log through `setup_logging` (again with `up`'s children).
-STORAGE_COMMANDS = {"coordinator", "collector", "learner", "up", "resume"}
+STORAGE_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "slurm"}
 LOGGING_COMMANDS = {"coordinator", "collector", "learner", "up", "resume", "single",
-                    "serve-policy", "scaler"}
+                    "serve-policy", "scaler", "slurm"}
 # Dotted config overrides for `rlfleet coordinator` (what compose and Kubernetes run), as one
 # shell-quoted string: applied before those on its command line.
 OVERRIDES_ENV = "RLFLEET_OVERRIDES"

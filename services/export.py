@@ -103,6 +103,23 @@ class _Greedy:
         return getattr(self._policy, name)
 
 
+class _GreedyRecurrent(_Greedy):
+    """`_Greedy` of a recurrent policy: its acting state (the stored extras) and its
+    evaluation state (the greedy actions) both follow the episodes, so an episode's end
+    resets both."""
+
+    def reset_state(self, envs: np.ndarray | None = None, evaluation: bool = False) -> None:
+        self._policy.reset_state(envs, evaluation=False)
+        self._policy.reset_state(envs, evaluation=True)
+
+
+def greedy_policy(policy) -> _Greedy:
+    """`policy` acting greedily, as evaluated."""
+    from rlfleet.shared.algos.capabilities import Recurrent
+
+    return _GreedyRecurrent(policy) if isinstance(policy, Recurrent) else _Greedy(policy)
+
+
 def read_run_config(run_dir: Path) -> RunConfig:
     """The resolved config `rlfleet up` wrote into a run directory."""
     config_path = run_dir / "config.yaml"
@@ -150,7 +167,7 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool =
     policy, _ = load_best_policy(cfg, run_dir)
     envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
     try:
-        rollout = Rollout(envs, _Greedy(policy) if greedy else policy, mode="episodes",
+        rollout = Rollout(envs, greedy_policy(policy) if greedy else policy, mode="episodes",
                           episodes_per_chunk=1)
         for _ in range(episodes):
             yield from _runs(rollout.collect(COLLECTING_ENV_STEP).arrays, True)

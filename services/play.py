@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlfleet.export import COLLECTING_ENV_STEP, load_best_policy, read_run_config
-from rlfleet.shared.algos.capabilities import NormalizesObservations
+from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.schemas import success_rate
 from rlfleet.shared.envs.goals import episode_success
@@ -157,6 +157,9 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
             except VideoUnavailable as err:
                 raise ConfigError(f"--video: {err}") from None
         obs, _ = envs.reset(seed=seed)
+        recurrent = isinstance(policy, Recurrent)
+        if recurrent:  # a fresh memory for the first episode, then at each episode's end
+            policy.reset_state(None, evaluation=True)
         for episode in range(episodes):
             record = video is not None and episode == 0
             total, length = 0.0, 0
@@ -173,6 +176,8 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
                 total += float(reward[0])
                 length += 1
                 if terminated[0] or truncated[0]:
+                    if recurrent:
+                        policy.reset_state(None, evaluation=True)
                     break
             returns.append(total)
             lengths.append(length)

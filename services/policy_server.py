@@ -143,6 +143,13 @@ class PolicyService:
         # stamped before it is read: a change meanwhile is loaded at the first check
         stamp = _stamp(self.best_path)
         self.cfg, policy, version = trained_policy(run_dir)
+        from rlfleet.shared.algos.capabilities import Recurrent
+
+        if isinstance(policy, Recurrent):
+            raise ConfigError(f"algo.name={self.cfg.algo.name!r}: a recurrent policy acts "
+                              "from its memory of each episode, and /act requests are "
+                              "stateless (no episode to remember): `rlfleet serve` serves "
+                              "feed-forward policies only; `rlfleet play` plays this one")
         self.served = ServedPolicy(policy, version, stamp)
         envs = make_vector_env(self.cfg.env, 1, self.cfg.seed)
         try:

@@ -71,6 +71,10 @@ class InProcessServer:
         self._thread.start()
         return self
 
+    def wait_stop(self, timeout: float | None = None) -> bool:
+        """Whether a stop was asked for, waiting up to `timeout` for one."""
+        return self._stop.wait(timeout)
+
     def request_stop(self, fatal: bool = False) -> None:
         self.fatal = self.fatal or fatal
         self._stop.set()

@@ -36,10 +36,11 @@ from rlfleet.learner.rollouts import concat_chunks
 from rlfleet.learner.sampling import batch_fields
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.capabilities import EpsilonGreedy
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.algos.reward_model import with_reward_model
 from rlfleet.shared.contract.codec import encode_weights
-from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.config import ConfigError, apex_epsilon
 from rlfleet.shared.contract.frames import pack, packable
 from rlfleet.shared.contract.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
 from rlfleet.shared.contract.spec import EnvSpec
@@ -208,11 +209,14 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
     eval_envs = (make_vector_env(cfg.env, cfg.eval.num_envs, cfg.seed + 10_000)
                  if games is None else None)
     actor = make_policy(cfg.algo, spec, cfg.seed)
+    c = cfg.collector
+    if c.epsilon_schedule == "apex" and isinstance(actor, EpsilonGreedy):
+        # one actor: the cluster's first collector, Ape-X slot 0
+        actor.set_epsilon(apex_epsilon(0, c.apex_slots, c.apex_eps, c.apex_alpha))
     # algo.reward_model: as in the learner service, the learning side rewrites rewards
     learner = with_reward_model(make_policy(cfg.algo, spec, cfg.seed), cfg.algo, spec,
                                 cfg.seed)
     replay = Replay(cfg)  # the coordinator's buffers and rate limiters, called directly
-    c = cfg.collector
     rollout: Rollout | BattleRollout = (
         games.rollout(actor) if games is not None
         else Rollout(envs, actor, c.chunk_size, c.mode, c.episodes_per_chunk))

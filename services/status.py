@@ -9,6 +9,7 @@ from rich.table import Table
 
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.resources import describe_gpus
 
 
 def league_table(league: dict[str, Any]) -> Table:
@@ -35,6 +36,32 @@ def league_table(league: dict[str, Any]) -> Table:
     return table
 
 
+def resource_cells(res: dict[str, Any] | None) -> tuple[str, str, str, str]:
+    """host, cpus, memory and GPUs of a worker's reported resources; `-` where it reported
+    none."""
+    if res is None:
+        return ("-", "-", "-", "-")
+    return (res["hostname"], str(res["cpu_cores"]), f"{res['memory_bytes'] / 2**30:.1f} GiB",
+            describe_gpus(res["gpus"]))
+
+
+def slurm_cell(res: dict[str, Any] | None) -> str:
+    """`job 4242 on n2` (`, requeued 1x` after a requeue) for a worker Slurm runs; `-`."""
+    slurm = (res or {}).get("slurm")
+    if not slurm:
+        return "-"
+    again = f", requeued {slurm['restart_count']}x" if slurm.get("restart_count") else ""
+    return f"job {slurm['job_id']} on {slurm['node']}{again}"
+
+
+def epsilon_cell(w: dict[str, Any]) -> str:
+    """The epsilon a collector explores with, as its last heartbeat said (Ape-X: its slot's
+    fixed one); `-` for a worker that reported none (a learner, a policy that is not
+    epsilon-greedy)."""
+    eps = (w.get("status") or {}).get("epsilon")
+    return "-" if eps is None else f"{eps:.4g}"
+
+
 def print_status(coordinator_url: str) -> int:
     console = Console()
     client = HttpClient(coordinator_url, timeout_s=5, retries=1)
@@ -56,6 +83,8 @@ def print_status(coordinator_url: str) -> int:
                  str(c["policy_version"]), f"{b['chunks']:,}",
                  f"{ev['return_mean']:.1f}" if ev else "-")
     console.print(head)
+    if run.get("slurm"):
+        console.print(f"coordinator: {slurm_cell({'slurm': run['slurm']})}")
     buffers = Table(title="buffers")
     for col in ("name", "kind", "size", "inserts/s", "samples/s", "uses mean/max",
                 "staleness", "evicted", "dropped"):
@@ -68,11 +97,15 @@ def print_status(coordinator_url: str) -> int:
                         f"{st['dropped_items']:,.0f}")
     console.print(buffers)
     workers = Table(title="workers")
-    for col in ("id", "role", "state", "url", "last heartbeat"):
+    slurm = any((w.get("resources") or {}).get("slurm") for w in s["workers"])
+    for col in ("id", "role", "state", "eps", "url", "last heartbeat", "host", "cpus", "mem",
+                "GPUs", *(("slurm",) if slurm else ())):
         workers.add_column(col)
     for w in s["workers"]:
-        workers.add_row(w["worker_id"], w["role"], w["state"], w["url"],
-                        f"{w['seconds_since_heartbeat']:.1f}s ago")
+        workers.add_row(w["worker_id"], w["role"], w["state"], epsilon_cell(w), w["url"],
+                        f"{w['seconds_since_heartbeat']:.1f}s ago",
+                        *resource_cells(w.get("resources")),
+                        *((slurm_cell(w.get("resources")),) if slurm else ()))
     console.print(workers)
     group = s.get("learner_group")
     if group:

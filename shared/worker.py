@@ -1,8 +1,11 @@
 """What every worker service (collector, learner) has in common.
 
 - `WorkerAgent` keeps the worker known to the coordinator: it registers (retrying while the
-  coordinator is not up yet), heartbeats, registers again when a heartbeat gets 404 (the
-  coordinator restarted or declared it dead), and leaves on shutdown.
+  coordinator is not up yet) with what the worker has (`shared/infra/resources.py`),
+  heartbeats, registers again when a heartbeat gets 404 (the coordinator restarted or
+  declared it dead), and leaves on shutdown. A registration the coordinator refuses (a 4xx:
+  a config asking for a GPU this worker lacks, a URL outside its networks, a wrong token)
+  is not tried again: the worker fails with the coordinator's reason.
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
   `POST /task`, the same under cheroot (`services/serve.py`) and the pytest client; with a
@@ -34,6 +37,7 @@ from rlfleet.shared.contract.schemas import (
 from rlfleet.shared.infra.auth import install_token_guard, load_token
 from rlfleet.shared.infra.crash import describe, write_crash
 from rlfleet.shared.infra.http import HttpClient, HttpError
+from rlfleet.shared.infra.resources import CudaApi, probe_resources
 from rlfleet.shared.infra.webapp import install_error_handlers, parse_body
 from rlfleet.shared.run.config import RunConfig, parse_config
 
@@ -41,6 +45,35 @@ log = logging.getLogger("rlfleet.worker")
 
 FIRST_REGISTER_INTERVAL_S = 0.1
 QUIET_S = 5.0
+# 4xx answers to a registration that may pass when tried again; any other 4xx is a refusal.
+TRANSIENT_4XX = frozenset({408, 429})
+
+
+class RegistrationRefused(RuntimeError):
+    """The coordinator refused this worker's registration (`HttpError` carries its answer)."""
+
+    def __init__(self, role: Role, err: HttpError) -> None:
+        reason = err.body.get("error") if isinstance(err.body.get("error"), str) else str(err)
+        super().__init__(f"the coordinator refused this {role.value} ({err.status}): {reason}")
+        self.status = err.status
+        self.field = err.body.get("field")
+
+
+def refused(err: HttpError) -> bool:
+    """A registration's failure that trying again cannot mend."""
+    return err.status is not None and 400 <= err.status < 500 \
+        and err.status not in TRANSIENT_4XX
+
+
+def torch_cuda() -> CudaApi | None:
+    """`torch.cuda`, for the resource probe; None without torch. Imported only where the
+    probe finds a GPU driver: a collector on a CPU machine loads torch later, off the path
+    to its first chunk (`collector/torch_loader.py`)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda
 
 
 class WorkerAgent:
@@ -49,7 +82,8 @@ class WorkerAgent:
                  on_registered: Callable[[RegisterResponse], None] | None = None,
                  on_stop: Callable[[], None] | None = None,
                  status: Callable[[], dict[str, float]] | None = None,
-                 on_heartbeat: Callable[[HeartbeatResponse], None] | None = None) -> None:
+                 on_heartbeat: Callable[[HeartbeatResponse], None] | None = None,
+                 on_refused: Callable[[RegistrationRefused], None] | None = None) -> None:
         self.role = role
         self.advertise_url = advertise_url
         self.requested_id = worker_id
@@ -57,9 +91,15 @@ class WorkerAgent:
         self.on_registered = on_registered
         self.on_stop = on_stop
         self.on_heartbeat = on_heartbeat
+        self.on_refused = on_refused
         self.status = status or dict
+        # Probed once, here: sent with every registration. A bad RLFLEET_FAKE_GPUS is a
+        # ConfigError now, at start, not a registration that fails over and over.
+        self.resources = probe_resources(torch_cuda)
         self.info: RegisterResponse | None = None
+        self.refusal: RegistrationRefused | None = None
         self.registered = threading.Event()
+        self._answered = threading.Event()  # registered, or refused
         self.stop_requested = threading.Event()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{role.value}-agent",
@@ -74,18 +114,30 @@ class WorkerAgent:
         return self
 
     def wait_registered(self, timeout: float | None = None) -> RegisterResponse:
-        if not self.registered.wait(timeout):
+        """The registration's answer; raises `RegistrationRefused` if it was refused."""
+        if not self._answered.wait(timeout):
             raise TimeoutError(f"{self.role.value} did not register within {timeout}s")
+        if self.refusal is not None:
+            raise self.refusal
         assert self.info is not None
         return self.info
 
     def _register(self, retries: int | None = None) -> None:
+        """Raises `RegistrationRefused` for an answer that trying again cannot change, and
+        `HttpError` for a coordinator that could not be reached."""
         req = RegisterRequest(role=self.role, url=self.advertise_url,
-                              worker_id=self.worker_id or self.requested_id)
-        info = self.client.post(f"{API}/workers", req, RegisterResponse, retries=retries)
+                              worker_id=self.worker_id or self.requested_id,
+                              resources=self.resources)
+        try:
+            info = self.client.post(f"{API}/workers", req, RegisterResponse, retries=retries)
+        except HttpError as err:
+            if refused(err):
+                raise RegistrationRefused(self.role, err) from err
+            raise
         first = self.info is None
         self.info = info
         self.registered.set()
+        self._answered.set()
         log.info("%s as %s with %s", "registered" if first else "registered again",
                  info.worker_id, self.client.base_url)
         if self.on_registered:
@@ -114,7 +166,9 @@ class WorkerAgent:
         `FIRST_REGISTER_INTERVAL_S`: workers start beside the coordinator rather than after
         it, and the first chunk waits for the first registration. A coordinator that does
         not answer then is said once every `QUIET_S`, not at every attempt, and not before
-        `QUIET_S` has passed: starting beside it, the first attempts fail as a rule."""
+        `QUIET_S` has passed: starting beside it, the first attempts fail as a rule. A
+        refused registration (`RegistrationRefused`) ends the loop and goes to `on_refused`
+        (a worker service fails: its process exits 1 with the coordinator's reason)."""
         interval = FIRST_REGISTER_INTERVAL_S
         said = time.monotonic()
         while not self._closing.is_set():
@@ -124,6 +178,9 @@ class WorkerAgent:
                     interval = self.info.heartbeat_interval_s if self.info else interval
                 else:
                     self._heartbeat()
+            except RegistrationRefused as refusal:
+                self._refused(refusal)
+                return
             except HttpError as err:
                 if self.info is not None or time.monotonic() - said >= QUIET_S:
                     said = time.monotonic()
@@ -132,6 +189,14 @@ class WorkerAgent:
             except Exception:  # the agent outlives anything: a silent worker is reaped
                 log.exception("%s agent: unexpected error", self.role.value)
             self._closing.wait(interval)
+
+    def _refused(self, refusal: RegistrationRefused) -> None:
+        """Stop registering: the same request would be refused again."""
+        self.refusal = refusal
+        self._answered.set()
+        log.error("%s", refusal)
+        if self.on_refused is not None:
+            self.on_refused(refusal)
 
     def end_task(self, task_id: str, error: str | None = None) -> None:
         action = "fail" if error else "finish"
@@ -170,7 +235,8 @@ class WorkerService(ABC):
         self.agent = WorkerAgent(coordinator_url, self.role, advertise_url, worker_id,
                                  on_registered=self._registered, on_stop=self.on_run_stopped,
                                  status=self.heartbeat_status,
-                                 on_heartbeat=self.on_heartbeat)
+                                 on_heartbeat=self.on_heartbeat,
+                                 on_refused=lambda err: self.fail(err, "registration"))
 
     def _registered(self, info: RegisterResponse) -> None:
         self.config = parse_config(info.config, "coordinator's config")

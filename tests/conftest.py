@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-SLOW_SUITES = ("tests/integration/", "tests/chaos/", "tests/netns/", "tests/compose/")
+SLOW_SUITES = ("tests/integration/", "tests/chaos/", "tests/netns/", "tests/compose/",
+               "tests/slurm/")
 
 
 @pytest.hookimpl(tryfirst=True)  # before the reporter's dot, so the line stands alone

@@ -1,4 +1,5 @@
-"""Replay buffers owned by the coordinator: uniform, prioritized, episode (sequences), queue.
+"""Replay buffers owned by the coordinator: uniform, prioritized, episode (sequences),
+sequence (prioritized, overlapping, padded sequences: R2D2), queue.
 
 `make_buffer` builds one from its config; `ChunkRegistry` counts how many buffers refer to
 each chunk, so a chunk is deleted from storage exactly when the last buffer lets go of it.
@@ -15,6 +16,7 @@ from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.coordinator.buffers.queue import QueueBuffer
 from rlfleet.coordinator.buffers.ratelimit import RateLimiter
 from rlfleet.coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
+from rlfleet.coordinator.buffers.sequence import SequenceBuffer
 from rlfleet.shared.contract.config import BufferConfig
 
 
@@ -29,6 +31,12 @@ def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1
                                  priority_eps=priority_eps)
     if cfg.kind == "episode":
         return EpisodeBuffer(name, cfg.capacity, seed, sequence_length=cfg.sequence_length)
+    if cfg.kind == "sequence":
+        return SequenceBuffer(name, cfg.capacity, seed, sequence_length=cfg.sequence_length,
+                              sequence_overlap=cfg.sequence_overlap, alpha=cfg.alpha,
+                              beta=cfg.beta, beta_final=cfg.beta_final,
+                              beta_anneal_iterations=cfg.beta_anneal_iterations,
+                              priority_eps=priority_eps)
     if cfg.kind == "queue":
         return QueueBuffer(name, cfg.capacity, seed, max_policy_lag=cfg.max_policy_lag)
     if cfg.kind == "dataset":
@@ -97,5 +105,5 @@ class ChunkRegistry:
 
 
 __all__ = ["Buffer", "ChunkInfo", "ChunkRegistry", "EpisodeBuffer", "PrioritizedBuffer",
-           "QueueBuffer", "RateLimiter",
-           "SampleError", "SampleRefs", "UniformBuffer", "make_buffer", "make_limiter"]
+           "QueueBuffer", "RateLimiter", "SampleError", "SampleRefs", "SequenceBuffer",
+           "UniformBuffer", "make_buffer", "make_limiter"]

@@ -1,10 +1,10 @@
 """What every replay buffer shares: the item ring, chunk reference counts, monitors, snapshots.
 
 A buffer is an index over experience that lives in storage. Its *items* are transitions
-(uniform, prioritized), sequences inside episode segments (episode) or whole chunks (queue);
-every item points into a chunk by (chunk, row). Items get a unique, ever-increasing id (`uid`);
-ring buffers put item `uid` in slot `uid % capacity`, so a priority update names its item by
-uid and is ignored when that slot has since been refilled.
+(uniform, prioritized), sequences inside episode segments (episode, sequence) or whole chunks
+(queue); every item points into a chunk by (chunk, row). Items get a unique, ever-increasing
+id (`uid`); ring buffers put item `uid` in slot `uid % capacity`, so a priority update names
+its item by uid and is ignored when that slot has since been refilled.
 
 A chunk may be referenced by several items and by several buffers; a buffer reports the chunk
 ids it no longer refers to (`released`), and the coordinator's `ChunkRegistry` deletes a chunk
@@ -40,8 +40,9 @@ class SampleRefs:
     `chunk_ids` are distinct (the coordinator's answer takes one part's list as it is);
     `chunk_index[b, i]` indexes `chunk_ids`; `rows[b, i]` is the row (the first row of a
     sequence when `sequence_length` is set); `item_ids` name items for priority updates;
-    `weights` are importance-sampling weights (prioritized buffers only); `lengths[k]` is
-    the length of `chunk_ids[k]` when items are whole chunks (queue buffers only).
+    `weights` are importance-sampling weights (prioritized and sequence buffers only);
+    `lengths[k]` is the length of `chunk_ids[k]` when items are whole chunks (queue buffers
+    only).
     """
 
     chunk_ids: list[str]

@@ -102,7 +102,7 @@ def _overrides(args: argparse.Namespace) -> tuple[str, ...]:
 def _up(args: argparse.Namespace) -> Plan:
     overrides = _overrides(args)
     cfg = load_config(args.config, overrides)
-    check_config(cfg, args.config)
+    check_config(cfg, args.config, devices=getattr(args, "local_devices", True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

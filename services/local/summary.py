@@ -124,16 +124,23 @@ def save_evaluations(coordinator: Child | None, run_dir: Path) -> None:
     if coordinator is None or coordinator.proc.poll() is not None:
         return
     client = HttpClient(coordinator.url, timeout_s=5, retries=1)
-    evaluations: list[dict] = []
     try:
-        since, more = 0, True
-        while more:  # the coordinator answers a page at a time
-            page = client.get(f"{API}/evaluations?since={since}&limit=1000")
-            evaluations += page["evaluations"]
-            since, more = page["next"], page["more"]
+        evaluations = evaluation_history(client)
     except HttpError as err:
         print(f"evaluation history not saved: {err}", file=sys.stderr)
         return
     finally:
         client.close()
     (run_dir / EVALUATIONS_FILE).write_text(json.dumps(evaluations, indent=2))
+
+
+def evaluation_history(client: HttpClient) -> list[dict]:
+    """The coordinator's evaluation history (`GET /api/v1/evaluations`), every page of it;
+    raises `HttpError`."""
+    evaluations: list[dict] = []
+    since, more = 0, True
+    while more:  # the coordinator answers a page at a time
+        page = client.get(f"{API}/evaluations?since={since}&limit=1000")
+        evaluations += page["evaluations"]
+        since, more = page["next"], page["more"]
+    return evaluations

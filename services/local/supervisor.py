@@ -110,9 +110,13 @@ class LocalCluster:
         self._learner_seq = 0
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLFLEET_COORDINATOR", None)
+        # Per child, across its restarts: a learner's LOCAL_RANK, which puts learner i of a
+        # machine with several GPUs on its own (`learner.device: cuda`).
+        self._child_env: dict[str, dict[str, str]] = {}
 
     def _launch(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
-        return start_child(name, role, args, port, log_dir=self.log_dir, env=self.env,
+        env = {**self.env, **self._child_env.get(name, {})}
+        return start_child(name, role, args, port, log_dir=self.log_dir, env=env,
                            nice=nice, fork=self.fork)
 
     def _spawn(self, name: str, role: str, args: list[str], port: int, nice: int = 0) -> Child:
@@ -184,6 +188,7 @@ class LocalCluster:
         first is `learner`, then `learner-2`, `learner-3`, ..."""
         self._learner_seq += 1
         name = "learner" if self._learner_seq == 1 else f"learner-{self._learner_seq}"
+        self._child_env[name] = {"LOCAL_RANK": str(self._learner_seq - 1)}
         return self._spawn(name, "learner", ["--worker-id", name, *self._worker_args()],
                            free_port())
 

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     import torch
 
 BASE_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "cut")
+# Act extras named with this prefix are a recurrent policy's state before it acted on the
+# row's obs (`capabilities.Recurrent`); sequence batches carry them, with `cut`.
+RECURRENT_PREFIX = "recurrent_"
 
 
 @dataclass

@@ -15,7 +15,15 @@ The capabilities, and who calls them:
   before acting, the learner with each rollout's observation counts;
 - `SeededActing` (`rng`): evaluation, which draws from a generator of its own seed;
 - `Optimized` (`optimizer`): the learner, for `train/learning_rate`;
-- `QValues` (`q_values`): the learner's dataset scorer (`eval.dataset`).
+- `QValues` (`q_values`): the learner's dataset scorer (`eval.dataset`);
+- `Placeable` (`device`, `to`): the learner and collectors, once, for `learner.device` and
+  `collector.device` (a policy without it acts and learns on the CPU only);
+- `MixedPrecision` (`set_precision`): the learner, once, for `learner.precision` other than
+  fp32;
+- `EpsilonGreedy` (`epsilon`, `set_epsilon`): collectors, for the epsilon they show, and
+  once with their slot's fixed epsilon under `collector.epsilon_schedule: apex`;
+- `Recurrent` (`reset_state`): collectors where an env's episode ends, evaluations as they
+  start and where their episodes end.
 """
 
 from __future__ import annotations
@@ -92,8 +100,66 @@ class QValues(Protocol):
         """(n, n_actions) Q-values, without gradients."""
 
 
+@runtime_checkable
+class Placeable(Protocol):
+    """Lives on a device of its choosing: `to` moves every network, buffer and optimizer
+    state there; `learn` then takes batches already on `device` and acting takes numpy
+    observations and returns numpy actions as on the CPU. What it publishes and saves may
+    live on the device too: the learner copies it to the host."""
+
+    device: torch.device
+
+    def to(self, device: torch.device) -> None:
+        """Move everything to `device` (called before the first update or action)."""
+
+
+@runtime_checkable
+class MixedPrecision(Protocol):
+    """Learns in the arithmetic of a `rlfleet.shared.algos.device.Precision`: its forward
+    passes under `precision.autocast()`, its backward, unscale and step through the
+    precision, its parameters fp32."""
+
+    def set_precision(self, precision: Any) -> None:
+        """Called by the learner once, before the first update."""
+
+
+@runtime_checkable
+class EpsilonGreedy(Protocol):
+    """Explores epsilon-greedily while collecting: `act` picks a uniformly random action with
+    probability `epsilon(env_step)`. Collectors show that epsilon in their `/status` and
+    heartbeat; under `collector.epsilon_schedule: apex` each calls `set_epsilon` once with
+    its slot's fixed epsilon, which `act` then uses instead of its own schedule. Evaluation
+    (`act_eval`) never changes with it."""
+
+    def epsilon(self, env_step: int) -> float:
+        """The epsilon `act` explores with at this env step of the run."""
+
+    def set_epsilon(self, epsilon: float | None) -> None:
+        """Act with this fixed epsilon from now on (None: the algorithm's own schedule)."""
+
+
+@runtime_checkable
+class Recurrent(Protocol):
+    """Acts with a recurrent state per env (R2D2's LSTM), which it carries from one `act`
+    to the next, across chunk boundaries and policy versions alike. `act` returns the state
+    each env acted from as extras named `recurrent_*` (`base.RECURRENT_PREFIX`), so chunks
+    store it beside every row and a learner can start a sequence from the state the
+    collector had there. `act_eval` keeps a state of its own: an evaluation between two
+    chunks never disturbs the collecting envs' memories.
+
+    Only the caller knows where episodes end: collectors call `reset_state` with the envs
+    whose episode just ended (their next observation starts a new one), and once for all
+    envs as they reset them; an evaluation calls it with `evaluation=True` for all envs as
+    it starts and for each env whose episode ends."""
+
+    def reset_state(self, envs: np.ndarray | None = None, evaluation: bool = False) -> None:
+        """Zero the state of these env indices (None: every env's, and forget how many
+        envs there are), of acting or of evaluation."""
+
+
 CAPABILITIES: tuple[type, ...] = (DataParallel, NormalizesObservations, SeededActing,
-                                  Optimized, QValues)
+                                  Optimized, QValues, Placeable, MixedPrecision, EpsilonGreedy,
+                                  Recurrent)
 
 
 def members(proto: type) -> list[str]:

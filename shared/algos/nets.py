@@ -76,10 +76,12 @@ def load_optimizer_state(optimizer: Optimizer, state: dict[str, torch.Tensor],
     optimizer.load_state_dict(current)
 
 
-def as_obs_tensor(obs: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Observations for a network: uint8 images stay uint8 (the network scales them, so a
-    batch of frames crosses memory at a quarter of the float size), the rest float32."""
-    t = torch.as_tensor(obs)
+def as_obs_tensor(obs: np.ndarray | torch.Tensor, device: torch.device | None = None
+                  ) -> torch.Tensor:
+    """Observations for a network on `device` (None: where they are): uint8 images stay
+    uint8 (the network scales them, so a batch of frames crosses memory, and the bus to a
+    GPU, at a quarter of the float size), the rest float32."""
+    t = torch.as_tensor(obs, device=device)
     return t if t.dtype == torch.uint8 else t.to(torch.float32)
 
 

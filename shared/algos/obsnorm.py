@@ -35,8 +35,8 @@ class ObsNormalizer(nn.Module):
 
     def _refresh(self) -> None:
         """numpy copies for the collector's hot path, taken when the statistics change."""
-        self._mean = self.mean.numpy().astype(np.float32)
-        self._inv_std = (1.0 / np.sqrt(self.var.numpy() + self.eps)).astype(np.float32)
+        self._mean = self.mean.cpu().numpy().astype(np.float32)
+        self._inv_std = (1.0 / np.sqrt(self.var.cpu().numpy() + self.eps)).astype(np.float32)
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         super()._load_from_state_dict(*args, **kwargs)
@@ -44,7 +44,7 @@ class ObsNormalizer(nn.Module):
 
     def moments(self) -> RunningMoments:
         count = float(self.count)
-        return RunningMoments(count, self.mean.numpy().copy(), self.var.numpy() * count)
+        return RunningMoments(count, self.mean.cpu().numpy().copy(), self.var.cpu().numpy() * count)
 
     def merge(self, delta: RunningMoments) -> None:
         """Fold a collector's moments into the statistics (the learner's side)."""
@@ -60,3 +60,11 @@ class ObsNormalizer(nn.Module):
             return np.asarray(obs, dtype=np.float32)
         out = (np.asarray(obs, dtype=np.float32) - self._mean) * self._inv_std
         return np.clip(out, -self.clip, self.clip, out=out)
+
+    def normalize_tensor(self, obs: torch.Tensor) -> torch.Tensor:
+        """`normalize` for a batch already in torch, on this module's device, with no host
+        round trip (an off-policy learner normalises every batch it learns from so)."""
+        x = obs.float()
+        normed = ((x - self.mean.float()) * torch.rsqrt(self.var.float() + self.eps)).clamp(
+            -self.clip, self.clip)
+        return torch.where(self.count > 0, normed, x)

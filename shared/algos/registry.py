@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlfleet.shared.algos import bc, cql, dqn, ppo, rnd
+from rlfleet.shared.algos import appo, bc, cql, dqn, ppo, r2d2, rnd, sac
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import missing_policy_members
 from rlfleet.shared.algos.spec import AlgoSpec, RewardModelSpec
@@ -21,6 +21,9 @@ ALGORITHMS: dict[str, AlgoSpec] = {spec.name: spec for spec in (
     cql.SPEC,
     bc.SPEC,
     ppo.SPEC,
+    appo.SPEC,
+    sac.SPEC,
+    r2d2.SPEC,
 )}
 
 REWARD_MODELS: dict[str, RewardModelSpec] = {spec.name: spec for spec in (

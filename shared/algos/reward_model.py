@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Policy, Reducer
 from rlfleet.shared.algos.capabilities import (
     DataParallel,
+    EpsilonGreedy,
     NormalizesObservations,
     Optimized,
     QValues,
@@ -286,8 +287,19 @@ class _PassQValues:
         return self.policy.q_values(obs)
 
 
+class _PassEpsilon:
+    policy: Any
+
+    def epsilon(self, env_step: int) -> float:
+        return self.policy.epsilon(env_step)
+
+    def set_epsilon(self, epsilon: float | None) -> None:
+        self.policy.set_epsilon(epsilon)
+
+
 _PASSED_ON = ((NormalizesObservations, _PassObsNorm), (SeededActing, _PassRng),
-              (Optimized, _PassOptimizer), (QValues, _PassQValues))
+              (Optimized, _PassOptimizer), (QValues, _PassQValues),
+              (EpsilonGreedy, _PassEpsilon))
 
 
 def with_reward_model(policy: Policy, algo_cfg: Any, spec: EnvSpec, seed: int) -> Policy:

@@ -22,7 +22,7 @@ from rlfleet.shared.util.imports import load_object
 
 ActionSpace = Literal["discrete", "continuous"]
 # Every buffer kind but the queue: what an off-policy algorithm samples transitions from.
-SAMPLED_KINDS = frozenset({"uniform", "prioritized", "episode", "dataset"})
+SAMPLED_KINDS = frozenset({"uniform", "prioritized", "episode", "sequence", "dataset"})
 
 
 def no_warmup(cfg: Any) -> int:

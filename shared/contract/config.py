@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -75,8 +75,25 @@ class EnvConfig(Frozen):
         return self
 
 
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]{1,2})?)$"
+
+
+def cuda_devices_needed(device: str) -> int:
+    """The CUDA devices a `DEVICE_PATTERN` setting needs on its worker's machine: 0 for
+    auto and cpu, 1 for cuda, N+1 for cuda:N (the launch check and the coordinator's
+    registration check apply this one rule)."""
+    if not device.startswith("cuda"):
+        return 0
+    return int(device.partition(":")[2] or 0) + 1
+
+
 class CollectorConfig(Frozen):
     """How collectors cut experience into chunks and hand them over."""
+
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where a collector's "
+                        "policy acts: cpu, cuda, cuda:N, or auto (CUDA when the collector's "
+                        "machine has it); acting on a small batch is usually faster on the "
+                        "CPU, a conv net over many envs may act faster on a GPU")
 
     mode: Literal["samples", "episodes"] = Field("samples", description="cut chunks by "
                                                  "transitions or by whole episodes")
@@ -101,6 +118,31 @@ class CollectorConfig(Frozen):
     save_to: str | None = Field(None, description="a buffer saver: every whole episode "
                                 "collected is also written to this directory (relative: to "
                                 "the run directory), for `rlfleet export`")
+    epsilon_schedule: Literal["linear", "apex"] = Field(
+        "linear", description="how epsilon-greedy collectors explore: linear: the "
+        "algorithm's eps_start to eps_end decay over the run's env steps; apex: Ape-X "
+        "(Horgan et al. 2018), the collector in slot i of apex_slots acts with the fixed "
+        "epsilon apex_eps ** (1 + apex_alpha * i / (apex_slots - 1)) (apex_eps when "
+        "apex_slots is 1), a joining collector taking the lowest free slot with its collect "
+        "task. Evaluations act as before")
+    apex_slots: int = Field(8, ge=1, le=100_000, description="apex: N, the most collectors "
+                            "the run expects; more than N share slots, each extra one taking "
+                            "the slot fewest collectors hold (the lowest of those)")
+    apex_eps: float = Field(0.4, gt=0, le=1, description="apex: the epsilon of slot 0, the "
+                            "most exploring collector (the paper's 0.4)")
+    apex_alpha: float = Field(7.0, ge=0, description="apex: how fast epsilon falls across "
+                              "the slots: slot N-1 acts with apex_eps ** (1 + apex_alpha) "
+                              "(the paper's 7)")
+
+
+def apex_epsilon(slot: int, slots: int, eps: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's fixed epsilon of the collector in `slot` (0-based) of `slots`:
+    `eps ** (1 + alpha * slot / (slots - 1))`, and `eps` when there is one slot."""
+    if slots < 1 or not 0 <= slot < slots:
+        raise ValueError(f"slot {slot} is not one of {slots} slots")
+    if slots == 1:
+        return eps
+    return eps ** (1 + alpha * slot / (slots - 1))
 
 
 class RateLimitConfig(Frozen):
@@ -121,7 +163,7 @@ class RateLimitConfig(Frozen):
         "instead of running error_buffer behind it")
 
 
-BufferKind = Literal["uniform", "prioritized", "episode", "queue", "dataset"]
+BufferKind = Literal["uniform", "prioritized", "episode", "sequence", "queue", "dataset"]
 
 
 class BufferConfig(Frozen):
@@ -129,22 +171,29 @@ class BufferConfig(Frozen):
 
     kind: BufferKind = Field("uniform", description="uniform: transitions sampled uniformly; "
                              "prioritized: proportional PER; episode: sequences inside one "
-                             "episode; queue: whole chunks, each handed out once (on-policy); "
+                             "episode; sequence: fixed-length, overlapping sequences inside "
+                             "one episode, padded and prioritized (R2D2); queue: whole "
+                             "chunks, each handed out once (on-policy); "
                              "dataset: a read-only Minari dataset")
     capacity: int = Field(100_000, ge=1, description="transitions held; the oldest go first")
     # uniform
     replacement: bool = Field(True, description="uniform: may one request repeat an item")
     sample_range: int | None = Field(None, ge=1, description="uniform: sample only the "
                                      "newest N items")
-    # prioritized
-    alpha: float = Field(0.6, ge=0, description="prioritized: priority exponent")
-    beta: float = Field(0.4, ge=0, le=1, description="prioritized: initial IS exponent")
-    beta_final: float = Field(1.0, ge=0, le=1, description="prioritized: the IS exponent "
-                              "after beta_anneal_iterations")
-    beta_anneal_iterations: int = Field(100_000, ge=1, description="train iterations over "
-                                        "which beta goes to beta_final")
-    # episode
-    sequence_length: int = Field(1, ge=1, description="episode: rows per sampled sequence")
+    # prioritized, sequence
+    alpha: float = Field(0.6, ge=0, description="prioritized, sequence: priority exponent")
+    beta: float = Field(0.4, ge=0, le=1, description="prioritized, sequence: initial IS "
+                        "exponent")
+    beta_final: float = Field(1.0, ge=0, le=1, description="prioritized, sequence: the IS "
+                              "exponent after beta_anneal_iterations")
+    beta_anneal_iterations: int = Field(100_000, ge=1, description="prioritized, sequence: "
+                                        "train iterations over which beta goes to beta_final")
+    # episode, sequence
+    sequence_length: int = Field(1, ge=1, description="episode, sequence: rows per sampled "
+                                 "sequence (R2D2: 80)")
+    sequence_overlap: int = Field(0, ge=0, description="sequence: rows shared by consecutive "
+                                  "sequences of a segment (R2D2: 40 of 80); less than "
+                                  "sequence_length")
     # queue
     max_policy_lag: int | None = Field(None, ge=0, description="queue: chunks acted by a "
                                        "policy older than this many versions are dropped")
@@ -154,6 +203,17 @@ class BufferConfig(Frozen):
     minari_id: str | None = Field(None, description="dataset: a Minari dataset id, looked up "
                                   "under MINARI_DATASETS_PATH (default ~/.minari/datasets)")
     rate_limit: RateLimitConfig = RateLimitConfig()
+
+    @field_validator("sequence_overlap")
+    @classmethod
+    def _overlap_below_length(cls, value: int, info: ValidationInfo) -> int:
+        """A field check (not a model one), so the error names
+        `buffers.<name>.sequence_overlap` itself."""
+        length = info.data.get("sequence_length")
+        if length is not None and value >= length:
+            raise ValueError(f"sequence_overlap={value} must be less than sequence_length="
+                             f"{length}: consecutive sequences must start on different rows")
+        return value
 
     @model_validator(mode="after")
     def _dataset_source(self) -> BufferConfig:
@@ -226,6 +286,18 @@ class LearnerConfig(Frozen):
                                "training thread's torch calls: 1 leaves the other cores to "
                                "collectors; a conv net (Atari) whose collectors mostly wait "
                                "for it learns faster with 2 or more")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="where the learner "
+                        "trains: auto (CUDA when the learner's machine has it, else cpu), "
+                        "cpu, cuda (a learner group puts rank i on its local GPU i), or "
+                        "cuda:N. A config asking for CUDA is refused where there is none: by "
+                        "`rlfleet up` on this machine, at registration for a remote learner")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="the learner's arithmetic: bf16 or fp16 run the forward and "
+        "backward passes under autocast (fp16 with a gradient scaler); weights, optimizer "
+        "state, checkpoints and published versions stay fp32")
+    pin_memory: bool = Field(True, description="on a GPU learner: copy batches through "
+                             "pinned host buffers on a side stream, one batch ahead of the "
+                             "update (false: plain blocking copies)")
 
 
     @field_validator("by_buffer", mode="before")

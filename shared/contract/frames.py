@@ -22,6 +22,7 @@ import numpy as np
 
 FRAMES = "frames"
 INDEX = {"obs": "obs_frames", "next_obs": "next_obs_frames"}
+OBS_STACK = "obs_stack"  # a batch field: (rows, S+1, *frame), obs is [:, :S], next_obs [:, 1:]
 _INDEX_DTYPE = np.int32
 
 
@@ -144,3 +145,17 @@ def take(columns: Mapping[str, np.ndarray], name: str, rows: np.ndarray,
         return np.take(columns[name], rows, axis=0, out=out)
     index = np.take(columns[INDEX[name]], rows, axis=0)
     return np.take(columns[FRAMES], index, axis=0, out=out)
+
+
+def stack_index(columns: Mapping[str, np.ndarray], rows: np.ndarray) -> np.ndarray | None:
+    """Where every row's `next_obs` is its `obs` moved on by one frame (what frame stacking
+    makes, episode ends included), the indices (..., S+1) of each row's S obs frames and its
+    next frame: one gather gives both stacks (S+1 frames a row rather than 2S). None where
+    the columns hold no frames, or some row's stacks do not line up so."""
+    if FRAMES not in columns or any(i not in columns for i in INDEX.values()):
+        return None
+    obs_idx = np.take(columns[INDEX["obs"]], rows, axis=0)
+    next_idx = np.take(columns[INDEX["next_obs"]], rows, axis=0)
+    if obs_idx.shape[-1] < 2 or not np.array_equal(next_idx[..., :-1], obs_idx[..., 1:]):
+        return None
+    return np.concatenate([obs_idx, next_idx[..., -1:]], axis=-1)

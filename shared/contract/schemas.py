@@ -80,12 +80,48 @@ class TaskState(StrEnum):
 
 # -- membership ---------------------------------------------------------------------------
 
+class GpuInfo(Request):
+    """One GPU a worker can use, as torch numbers it (after `CUDA_VISIBLE_DEVICES`)."""
+
+    index: int = Field(ge=0, le=1023, description="the device's number: `cuda:<index>`")
+    name: str = Field(min_length=1, max_length=256, description="e.g. 'NVIDIA H100 80GB HBM3'")
+    memory_bytes: Count = Field(description="the device's total memory")
+
+
+class SlurmPlacement(Request):
+    """Where Slurm runs a worker: its job and node, from the job's environment
+    (`SLURM_JOB_ID`, `SLURMD_NODENAME`, `SLURM_RESTART_COUNT`)."""
+
+    job_id: str = Field(min_length=1, max_length=64, pattern=r"^[0-9]+([_+][0-9]+)?$",
+                        description="the Slurm job id (an array or het job's `N_M`, `N+M`)")
+    node: str = Field(min_length=1, max_length=253, description="the node Slurm chose")
+    restart_count: int = Field(0, ge=0, le=1_000_000, description="times the job was "
+                               "requeued before this run of it")
+
+
+class WorkerResources(Request):
+    """What a worker has, as it reports it when it registers (`shared/infra/resources.py`)."""
+
+    hostname: str = Field(min_length=1, max_length=253, description="the machine's name")
+    cpu_cores: int = Field(ge=1, le=1_000_000, description="the cores this process may run "
+                           "on (its CPU affinity), not all the machine's")
+    memory_bytes: Count = Field(description="the machine's total memory")
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=1024,
+                                description="the GPUs this process can use; empty: none")
+    slurm: SlurmPlacement | None = Field(None, description="the Slurm job and node the "
+                                         "worker runs in; null: not under Slurm")
+
+
 class RegisterRequest(Request):
     role: Role
     url: str = Field(min_length=1, max_length=512, pattern=r"^https?://",
                      description="where the coordinator reaches this worker's HTTP service")
     worker_id: Id | None = Field(None, description="a stable id; registering again under it "
                                  "after a restart replaces the old entry")
+    resources: WorkerResources | None = Field(None, description="what the worker has; a "
+                                              "config asking for CUDA (`learner.device`, "
+                                              "`collector.device`) refuses a worker that "
+                                              "reports no such GPU (409). Absent: not checked")
 
 
 class RegisterResponse(Response):
@@ -200,6 +236,13 @@ class CollectTask(Request):
     opponents: list[Opponent] = Field(default_factory=list, max_length=1024, description=(
         "self-play: whom the next games meet, in order (then each chunk report's answer "
         "brings more)"))
+    apex_slot: int | None = Field(None, ge=0, description="Ape-X (`collector.epsilon_schedule: "
+                                  "apex`): the collector's slot i of `collector.apex_slots`, "
+                                  "the lowest free one when the task was handed out; null: "
+                                  "the algorithm's own epsilon schedule")
+    epsilon: float | None = Field(None, ge=0, le=1, description="Ape-X: the slot's fixed "
+                                  "epsilon, which the collector acts with for as long as it "
+                                  "runs; null: the algorithm's own schedule")
 
 
 class LearnTask(Request):
@@ -623,6 +666,9 @@ class WorkerInfo(Response):
     seconds_since_heartbeat: float
     chunks_accepted: int = Field(description="chunks this worker reported that were taken")
     status: dict[str, float] = Field(description="the worker's last heartbeat `status`")
+    resources: WorkerResources | None = Field(None, description="what the worker reported "
+                                              "having when it last registered; null: it "
+                                              "reported nothing")
 
 
 class WorkerList(Response):
@@ -711,6 +757,8 @@ class RunInfo(Response):
     storage: str
     first_chunk_s: float | None = Field(description="seconds from start to the first chunk: "
                                         "the workers' start-up")
+    slurm: SlurmPlacement | None = Field(None, description="the coordinator's own Slurm job "
+                                         "and node; null: not under Slurm")
 
 
 class RunCounters(Response):

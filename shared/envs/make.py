@@ -21,6 +21,10 @@ from rlfleet.shared.util.imports import load_object
 # The project's own envs, made by id like gymnasium's (`env.id: rlfleet/BitFlip-v0`).
 if "rlfleet/BitFlip-v0" not in gym.registry:
     gym.register("rlfleet/BitFlip-v0", entry_point="rlfleet.shared.envs.bitflip:BitFlipEnv")
+if "rlfleet/CartPoleNoVel-v0" not in gym.registry:
+    gym.register("rlfleet/CartPoleNoVel-v0",
+                 entry_point="rlfleet.shared.envs.pomdp:CartPoleNoVelEnv",
+                 max_episode_steps=500, reward_threshold=475.0)
 
 
 def resolve_env_id(env_id: str) -> str:

@@ -97,6 +97,10 @@ def _check_capabilities(cfg: RunConfig, what: str, capabilities: set[str]) -> No
             and "QValues" not in capabilities:
         raise ConfigError(f"eval.dataset.metric={cfg.eval.dataset.metric}: needs Q-values; "
                           f"{what} gives none (it is not QValues: use algo.name dqn or cql)")
+    if cfg.collector.epsilon_schedule == "apex" and "EpsilonGreedy" not in capabilities:
+        raise ConfigError(f"collector.epsilon_schedule=apex gives each collector a fixed "
+                          f"epsilon; {what} takes none (it is not EpsilonGreedy: it has no "
+                          "epsilon and set_epsilon)")
 
 
 def _check_built(cfg: RunConfig, env: EnvSpec) -> Checked:

@@ -21,7 +21,11 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from rlfleet.shared.algos.registry import ALGORITHMS, algo_spec
-from rlfleet.shared.contract.algo import ObsNormSettings, RolloutSettings
+from rlfleet.shared.contract.algo import (
+    EpsilonGreedySettings,
+    ObsNormSettings,
+    RolloutSettings,
+)
 from rlfleet.shared.contract.config import (
     BUILT_IN_BOTS,
     BufferConfig,
@@ -101,7 +105,9 @@ class RunConfig(Frozen):
         for part in self.learner.mix:
             share = max(1, round(part.fraction * self.algo.batch_size))
             bcfg = self.buffers[part.buffer]
-            items = share * (bcfg.sequence_length if bcfg.kind == "episode" else 1)
+            # sequence kinds: a sampled sequence counts its rows (as their buffers count)
+            items = share * (bcfg.sequence_length if bcfg.kind in ("episode", "sequence")
+                             else 1)
             limit = bcfg.rate_limit
             if limit.samples_per_insert is not None and limit.error_buffer < items:
                 raise ValueError(
@@ -136,6 +142,14 @@ class RunConfig(Frozen):
             if self.buffers[name].kind == "dataset":
                 raise ValueError(f"collector.insert_into names buffer {name!r}, a read-only "
                                  "dataset buffer")
+        if self.collector.epsilon_schedule == "apex" and not isinstance(
+                self.algo, EpsilonGreedySettings):
+            greedy = sorted(n for n, spec in ALGORITHMS.items()
+                            if issubclass(spec.config, EpsilonGreedySettings))
+            raise ValueError(f"collector.epsilon_schedule='apex' gives each collector a fixed "
+                             f"epsilon; algo.name={self.algo.name!r} does not explore with "
+                             f"epsilon (an epsilon-greedy algorithm does: "
+                             f"{', '.join(greedy)})")
         if self.collector.save_to is not None and _uses_obs_norm(self.algo):
             raise ValueError("collector.save_to: with algo.obs_norm chunks hold normalised "
                              "observations, which are no dataset of the env")

@@ -11,8 +11,9 @@ values). Figures are never compared with values: on a shared two-core machine th
 nothing, and a bench never passes or fails on time. Whatever the bench started must have
 exited when it has.
 
-Two benches run elsewhere: `bench/compose.py` needs a Docker engine and runs in the compose
-suite (tests/compose/test_compose_bench.py); `bench/soak.py` runs for three minutes in
+Three benches run elsewhere: `bench/compose.py` needs a Docker engine and runs in the compose
+suite (tests/compose/test_compose_bench.py), `bench/slurm.py` a Slurm cluster (tests/slurm);
+`bench/soak.py` runs for three minutes in
 tests/integration/test_soak.py, which reads its JSON, so a short soak here would only repeat
 it.
 """
@@ -47,10 +48,12 @@ NOT_BENCHES = {
 ELSEWHERE = {
     "compose": "needs a Docker engine: tests/compose/test_compose_bench.py runs it",
     "soak": "tests/integration/test_soak.py runs it for three minutes and reads its JSON",
+    "slurm": "needs root and Slurm (a cluster in network namespaces): tests/slurm runs it",
 }
 # What a bench needs beyond the dev install, as the tests of the same features ask for it:
 # Python packages (an extra), or programs on PATH.
-NEEDS_PACKAGES = {"atari": ("ale_py", "atari"), "selfplay": ("pettingzoo", "games")}
+NEEDS_PACKAGES = {"atari": ("ale_py", "atari"), "selfplay": ("pettingzoo", "games"),
+                  "sac": ("mujoco", "mujoco")}
 NEEDS_PROGRAMS = {"recovery": "redis-server"}  # it starts one of its own
 # A short run takes 2-40 s on a two-core machine; past this it is hung, not slow.
 SHORT_TIMEOUT_S = 240.0

@@ -2,7 +2,8 @@
 token-guarded `rlfleet up` cluster training CartPole:
 
 - without the token, and with a wrong one, the page shows the login prompt and no data;
-- with the token it shows the run, and its curves gain points as the run goes on;
+- with the token it shows the run (its collector's epsilon among the workers), and its
+  curves gain points as the run goes on;
 - Pause stops collection (env steps stand still in `/status`), Resume starts it again;
 - Scale records the collectors wanted; Stop ends the run, and `rlfleet up` exits.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -49,6 +51,17 @@ def _env_steps_still(url: str, window_s: float = 2.5) -> bool:
     before = _status(url)["counters"]["env_steps"]
     time.sleep(window_s)  # a window to watch, not a wait for something to happen
     return _status(url)["counters"]["env_steps"] == before
+
+
+def _epsilon_shown(page, worker: str) -> float:
+    """The `eps` cell of a worker's row in the workers table (raises while it shows none)."""
+    text = page.evaluate("""([worker]) => {
+      const heads = [...document.querySelectorAll('#workers thead th')].map((th) => th.textContent);
+      const row = [...document.querySelectorAll('#workers tbody tr')]
+        .find((tr) => tr.children[0].textContent === worker);
+      return row ? row.children[heads.indexOf('eps')].textContent : null;
+    }""", [worker])
+    return float(text)
 
 
 def test_the_dashboard_watches_and_steers_a_live_run(launch, tmp_path: Path):
@@ -105,6 +118,13 @@ def test_the_dashboard_watches_and_steers_a_live_run(launch, tmp_path: Path):
                      "two workers in the table")
             workers = page.text_content("#workers")
             assert "collector-1" in workers and "learner" in workers
+            # What each worker reported having when it registered: this machine, no GPU.
+            header = page.text_content("#workers thead")
+            assert all(h in header for h in ("host", "cpus", "memory", "GPUs")), header
+            assert socket.gethostname() in workers and "GiB" in workers, workers
+            # The epsilon the collector explores with, from its heartbeat (DQN's decay here).
+            wait_for(lambda: 0 < _epsilon_shown(page, "collector-1") <= 1, 60,
+                     "the collector's epsilon in the workers table")
             assert "replay" in page.text_content("#buffers")
 
             # The curves gain points as the run goes on.

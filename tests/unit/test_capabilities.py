@@ -13,6 +13,7 @@ import pytest
 
 from rlfleet.shared.algos.capabilities import (
     DataParallel,
+    EpsilonGreedy,
     NormalizesObservations,
     Optimized,
     QValues,
@@ -46,10 +47,12 @@ def userland(monkeypatch):
 
 def test_the_built_in_policies_have_the_capabilities_they_say():
     dqn = make_policy(DQNConfig(), DISCRETE, 0)
-    assert all(isinstance(dqn, c) for c in (DataParallel, SeededActing, Optimized, QValues))
+    assert all(isinstance(dqn, c) for c in (DataParallel, SeededActing, Optimized, QValues,
+                                            EpsilonGreedy))
     assert not isinstance(dqn, NormalizesObservations)
     ppo = make_policy(PPOConfig(), DISCRETE, 0)
     assert isinstance(ppo, NormalizesObservations) and not isinstance(ppo, QValues)
+    assert not isinstance(ppo, EpsilonGreedy)
 
 
 def test_a_hook_with_the_wrong_signature_is_reported_and_refused(userland):
@@ -95,7 +98,10 @@ def test_rlfleet_check_prints_what_a_users_policy_implements(tmp_path):
 def test_a_reward_model_keeps_the_policys_capabilities():
     algo = DQNConfig(reward_model={"path": "rnd"})
     wrapped = with_reward_model(make_policy(algo, DISCRETE, 0), algo, DISCRETE, 0)
-    assert set(capabilities_of(wrapped)) == {DataParallel, SeededActing, Optimized, QValues}
+    assert set(capabilities_of(wrapped)) == {DataParallel, SeededActing, Optimized, QValues,
+                                             EpsilonGreedy}
+    wrapped.set_epsilon(0.25)  # passed on to the policy
+    assert wrapped.epsilon(0) == wrapped.policy.epsilon(10**6) == 0.25
     ppo_cfg = PPOConfig(obs_norm=True, reward_model={"path": "rnd"})
     ppo = with_reward_model(make_policy(ppo_cfg, DISCRETE, 0), ppo_cfg, DISCRETE, 0)
     assert isinstance(ppo, NormalizesObservations) and ppo.tracks_obs_stats

@@ -15,16 +15,21 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from rlfleet.learner.group import DistReducer, GroupError, GroupMember
+from rlfleet.shared.algos.appo import APPO, APPOConfig
+from rlfleet.shared.algos.device import host_state
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO
 from rlfleet.shared.algos.ppo.config import PPOConfig
+from rlfleet.shared.algos.r2d2 import R2D2, R2D2Config
+from rlfleet.shared.algos.sac import SAC, SACConfig
 from rlfleet.shared.contract.schemas import GroupAssignment
 from rlfleet.shared.contract.spec import EnvSpec
 
 from .helpers import wait_for
 
 CARTPOLE = EnvSpec(obs_shape=(4,), n_actions=2)
+NOVEL = EnvSpec(obs_shape=(2,), n_actions=2)  # CartPole without velocities
 PENDULUM = EnvSpec(obs_shape=(3,), action_shape=(1,), action_low=(-2.0,), action_high=(2.0,))
 UPDATES = 50
 
@@ -51,6 +56,36 @@ def dqn_batches(batch: int, prioritized: bool) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def sac_batches(batch: int) -> list[dict[str, torch.Tensor]]:
+    """Pendulum-shaped transitions with n-step discounts and importance weights."""
+    g = torch.Generator().manual_seed(17)
+    return [{"obs": torch.randn(batch, 3, generator=g),
+             "action": 4 * torch.rand(batch, 1, generator=g) - 2,
+             "reward": torch.randn(batch, generator=g),
+             "next_obs": torch.randn(batch, 3, generator=g),
+             "terminated": torch.rand(batch, generator=g) < 0.1,
+             "discount": 0.99 ** torch.randint(1, 4, (batch,), generator=g).float(),
+             "weights": 0.2 + 0.8 * torch.rand(batch, generator=g)} for _ in range(UPDATES)]
+
+
+def r2d2_batches(batch: int, length: int = 12) -> list[dict[str, torch.Tensor]]:
+    """Sequences with stored states, importance weights and cuts (padding after them)."""
+    g = torch.Generator().manual_seed(13)
+    out = []
+    for _ in range(UPDATES):
+        cut = torch.rand(batch, length, generator=g) < 0.08
+        out.append({"obs": torch.randn(batch, length, 2, generator=g),
+                    "next_obs": torch.randn(batch, length, 2, generator=g),
+                    "action": torch.randint(0, 2, (batch, length), generator=g),
+                    "reward": torch.rand(batch, length, generator=g),
+                    "terminated": cut & (torch.rand(batch, length, generator=g) < 0.5),
+                    "cut": cut,
+                    "recurrent_h": torch.randn(batch, length, 16, generator=g) * 0.1,
+                    "recurrent_c": torch.randn(batch, length, 16, generator=g) * 0.1,
+                    "weights": 0.2 + 0.8 * torch.rand(batch, generator=g)})
+    return out
+
+
 def ppo_rollouts(spec: EnvSpec, rounds: int, chunks: int, rows: int
                  ) -> list[list[dict[str, torch.Tensor]]]:
     """`rounds` rollouts, each `chunks` whole chunks of `rows` rows (each chunk ends cut)."""
@@ -67,6 +102,8 @@ def ppo_rollouts(spec: EnvSpec, rounds: int, chunks: int, rows: int
             rollout.append({
                 "obs": torch.from_numpy(rng.normal(size=(rows, *spec.obs_shape))
                                         .astype(np.float32)),
+                "next_obs": torch.from_numpy(rng.normal(size=(rows, *spec.obs_shape))
+                                             .astype(np.float32)),
                 "action": torch.from_numpy(act),
                 "reward": torch.from_numpy(rng.normal(size=rows).astype(np.float32)),
                 "terminated": torch.from_numpy(rng.random(rows) < 0.05),
@@ -90,73 +127,155 @@ PPO_SHARES = [([0, 1, 2], [3, 4]), ([0, 1], [2, 3, 4]), ([0, 1, 2, 3, 4], []),
 
 # -- the two ways to train -------------------------------------------------------------------
 
-def train(case: str, reducer=None, rank: int = 0, world: int = 1) -> dict[str, torch.Tensor]:
+def train(case: str, reducer=None, rank: int = 0, world: int = 1, device: str = "cpu"
+          ) -> dict[str, torch.Tensor]:
+    """The case's training on `device`; its state dict on the host."""
+    on = torch.device(device)
+    if on.type == "cuda":  # fp32 for the comparison: no TF32 matmuls or convolutions
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def there(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(on) for k, v in b.items()}
+
     if case.startswith("dqn"):
         prioritized = case == "dqn-prioritized"
         batch = 64
         policy = DQN(DQNConfig(batch_size=batch // world, target_update_every=20), CARTPOLE,
                      seed=3)
+        policy.to(on)
         policy.set_reducer(reducer)
         shard = batch // world
         for b in dqn_batches(batch, prioritized):
-            part = {k: v[rank * shard:(rank + 1) * shard] for k, v in b.items()}
+            part = there({k: v[rank * shard:(rank + 1) * shard] for k, v in b.items()})
             weights = part.pop("weights", None)
             policy.learn(part, weights)
         assert policy.train_iterations == UPDATES
-        return policy.state_dict()
-    spec = CARTPOLE if case == "ppo" else PENDULUM
-    policy = PPO(PPOConfig(batch_size=64, epochs=2), spec, seed=3)
+        return host_state(policy.state_dict())
+    if case == "sac":
+        batch = 64
+        policy = SAC(SACConfig(batch_size=batch // world, hidden_sizes=(32, 32)), PENDULUM,
+                     seed=3)
+        policy.to(on)
+        policy.set_reducer(reducer)
+        shard = batch // world
+        for b in sac_batches(batch):
+            part = there({k: v[rank * shard:(rank + 1) * shard] for k, v in b.items()})
+            weights = part.pop("weights")
+            policy.learn(part, weights)
+        assert policy.train_iterations == UPDATES
+        return host_state(policy.state_dict())
+    if case == "r2d2":
+        batch = 8  # sequences of 12 rows, some padded after a cut
+        policy = R2D2(R2D2Config(batch_size=batch // world, lstm_size=16, hidden_sizes=(16,),
+                                 burn_in=3, target_update_every=20), NOVEL, seed=3)
+        policy.to(on)
+        policy.set_reducer(reducer)
+        shard = batch // world
+        for b in r2d2_batches(batch):
+            part = there({k: v[rank * shard:(rank + 1) * shard] for k, v in b.items()})
+            weights = part.pop("weights")
+            policy.learn(part, weights)
+        assert policy.train_iterations == UPDATES
+        return host_state(policy.state_dict())
+    spec = PENDULUM if case == "ppo-continuous" else CARTPOLE
+    policy = (APPO(APPOConfig(batch_size=64, epochs=2), spec, seed=3) if case == "appo"
+              else PPO(PPOConfig(batch_size=64, epochs=2), spec, seed=3))
+    policy.to(on)
     policy.set_reducer(reducer)
     for rollout, shares in zip(ppo_rollouts(spec, len(PPO_SHARES), 5, 64), PPO_SHARES,
                                strict=True):
         if world == 1:
-            policy.learn(concat([rollout[i] for i in shares[0] + shares[1]]))
+            policy.learn(there(concat([rollout[i] for i in shares[0] + shares[1]])))
         else:
-            policy.learn(concat([rollout[i] for i in shares[rank]]))
+            policy.learn(there(concat([rollout[i] for i in shares[rank]])))
     assert policy.train_iterations == UPDATES  # 320 rows / 64 = 5 minibatches, 2 epochs, 5x
-    return {k: v for k, v in policy.state_dict().items() if k != "gen_state"}
+    return {k: v for k, v in host_state(policy.state_dict()).items() if k != "gen_state"}
 
 
-def _rank_main(case: str, rank: int, world: int, store_addr: str, out: str) -> None:
+CASES = ("dqn-uniform", "dqn-prioritized", "ppo", "ppo-continuous", "appo", "r2d2", "sac")
+
+
+def _rank_main(cases: tuple[str, ...], rank: int, world: int, store_addr: str, out: str,
+               device: str = "cpu") -> None:
+    """One rank: every case in turn, in one group (the same collectives in the same order on
+    every rank), each case's state saved to `out/<case>-rank<r>.safetensors`."""
     torch.set_num_threads(1)
-    member = GroupMember("127.0.0.1", timeout_s=60)
+    member = GroupMember("127.0.0.1", timeout_s=60, device=torch.device(device))
     assignment = assign(generation=1, rank=rank, world_size=world,
                                  store_addr=store_addr, ranks=[f"l{i}" for i in range(world)],
                                  publisher=rank == 0)
     reducer = member.form(assignment)
+    assert member.backend == "gloo"  # one machine, one GPU at most: ranks share it
     try:
-        save_file(train(case, reducer, rank, world), out)
+        for case in cases:
+            save_file(train(case, reducer, rank, world, device),
+                      str(Path(out) / f"{case}-rank{rank}.safetensors"))
     finally:
         member.close()
 
 
-def run_group(case: str, world: int, tmp_path: Path) -> list[dict[str, torch.Tensor]]:
+def run_group(cases: tuple[str, ...], world: int, tmp_path: Path, device: str = "cpu"
+              ) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """Each case trained by a group of `world` ranks: {case: every rank's state}. One group
+    of processes trains them all, so the suite pays for spawning and importing torch once."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))
     ctx = mp.get_context("spawn")
-    outs = [str(tmp_path / f"{case}-rank{r}.safetensors") for r in range(world)]
-    procs = [ctx.Process(target=_rank_main, args=(case, r, world, f"127.0.0.1:{store.port}",
-                                                  outs[r])) for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(cases, r, world, f"127.0.0.1:{store.port}",
+                                                  str(tmp_path), device))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=120)
+        p.join(timeout=240)
         assert p.exitcode == 0, f"rank exited with {p.exitcode}"
-    return [load_file(o) for o in outs]
+    return {case: [load_file(tmp_path / f"{case}-rank{r}.safetensors") for r in range(world)]
+            for case in cases}
 
 
-@pytest.mark.parametrize("case", ["dqn-uniform", "dqn-prioritized", "ppo", "ppo-continuous"])
-def test_two_learners_at_half_batch_equal_one_learner_at_full_batch(case, tmp_path):
-    single = train(case)
-    ranks = run_group(case, 2, tmp_path)
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine: the GPU variant "
+    "runs on a machine with one (two gloo ranks sharing it)"))
+_GROUPS: dict[str, dict[str, list[dict[str, torch.Tensor]]]] = {}
+
+
+@pytest.fixture(scope="module")
+def group_of_two(tmp_path_factory):
+    """Every case's two-rank states on a device, trained on first use (the whole group's)."""
+    def states(case: str, device: str) -> list[dict[str, torch.Tensor]]:
+        if device not in _GROUPS:
+            _GROUPS[device] = run_group(CASES, 2, tmp_path_factory.mktemp(f"group-{device}"),
+                                        device)
+        return _GROUPS[device][case]
+    yield states
+    _GROUPS.clear()
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("case", CASES)
+def test_two_learners_at_half_batch_equal_one_learner_at_full_batch(case, device,
+                                                                    group_of_two):
+    single = train(case, device=device)
+    ranks = group_of_two(case, device)
     for key, value in single.items():
         # every rank holds identical weights: the same bits
         assert torch.equal(ranks[0][key], ranks[1][key]), key
         # and one learner's, up to the order of float additions
         torch.testing.assert_close(ranks[0][key], value, rtol=0, atol=ATOL, msg=key)
     # the weights moved: the comparison is not between two untrained networks
+    if case == "sac":
+        key = "actor.net.0.weight"
+        fresh_sac = SAC(SACConfig(hidden_sizes=(32, 32)), PENDULUM, seed=3)
+        assert not torch.allclose(fresh_sac.state_dict()[key], single[key])
+        return
+    if case == "r2d2":
+        fresh = R2D2(R2D2Config(lstm_size=16, hidden_sizes=(16,)), NOVEL, seed=3)
+        key = "q.lstm.weight_ih_l0"
+        assert not torch.allclose(fresh.state_dict()[key], single[key])
+        return
     fresh = (DQN(DQNConfig(), CARTPOLE, seed=3) if case.startswith("dqn")
-             else PPO(PPOConfig(), CARTPOLE if case == "ppo" else PENDULUM, seed=3))
+             else PPO(PPOConfig(), PENDULUM if case == "ppo-continuous" else CARTPOLE, seed=3))
     key = next(k for k in fresh.state_dict() if k.endswith("weight"))
     assert not torch.allclose(fresh.state_dict()[key], single[key])
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from rlfleet.learner.dataproc import SHM_DIR, DataProcess, DataProcessError
+from rlfleet.learner.staging import expand_stacks
 from rlfleet.shared.contract.codec import encode_arrays
+from rlfleet.shared.contract.frames import OBS_STACK, pack
 from rlfleet.shared.infra.storage.directory import DirectoryStorage
 
 from .helpers import buffer_config, collector_and_learner, ok, post, report, wait_for
@@ -168,3 +170,49 @@ def test_a_data_process_that_dies_is_reported_and_leaves_no_files(coordinator, t
     finally:
         dp.close()
     assert _own_files(dp) == []
+
+
+def _stacked_chunk(start: int, n: int, stack: int = 4) -> dict[str, np.ndarray]:
+    """Rows of one frame-stacked run: frame t has t in its first two pixels; row t's obs
+    is frames t..t+S-1 and its next_obs frames t+1..t+S; reward is t. Packed, as a
+    collector stores stacked frames."""
+    t = np.arange(start, start + n + stack, dtype=np.int64)
+    frames = np.zeros((len(t), 6, 6), np.uint8)
+    frames[:, 0, 0], frames[:, 0, 1] = t % 256, t // 256
+    rows = np.arange(n)[:, None] + np.arange(stack)[None, :]
+    cut = np.zeros(n, bool)
+    cut[-1] = True
+    return pack({"obs": frames[rows], "next_obs": frames[rows + 1],
+                 "reward": t[:n].astype(np.float32), "action": np.zeros(n, np.int64),
+                 "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool), "cut": cut})
+
+
+def test_stacked_frames_cross_once_as_one_stack_a_row(coordinator, task_sink):
+    """Packed Atari-style chunks: each row travels as S+1 frames (`obs_stack`), and the
+    learner's views of it are exactly the obs and next_obs the env returned."""
+    c = coordinator()
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    store = DirectoryStorage(c.storage_dir)
+    chunks = []
+    for k in range(4):  # 512 rows: past the buffer's minimum
+        chunk_id = uuid.uuid4().hex
+        store.put_chunk(chunk_id, encode_arrays(_stacked_chunk(1000 * k, 128),
+                                                {"policy_version": "-1"}))
+        chunks.append((chunk_id, 128))
+    ok(report(c, col["worker_id"], collect["task_id"], chunks))
+    dp = _data_process(c, lrn)
+    try:
+        batches = wait_for(lambda: dp.get(timeout=1.0), what="an answer's batches")
+        for batch in batches:
+            assert set(batch.data) >= {OBS_STACK, "reward"} and "obs" not in batch.data
+            assert batch.data[OBS_STACK].shape == (16, 5, 6, 6)
+            data = expand_stacks(dict(batch.data))
+            t = data["reward"].numpy().astype(np.int64)
+            got = (data["obs"][:, :, 0, 0].numpy().astype(np.int64)
+                   + 256 * data["obs"][:, :, 0, 1].numpy().astype(np.int64))
+            assert np.array_equal(got, t[:, None] + np.arange(4))
+            nxt = (data["next_obs"][:, :, 0, 0].numpy().astype(np.int64)
+                   + 256 * data["next_obs"][:, :, 0, 1].numpy().astype(np.int64))
+            assert np.array_equal(nxt, t[:, None] + 1 + np.arange(4))
+    finally:
+        dp.close()

@@ -153,3 +153,28 @@ def test_the_progress_line():
     assert line.startswith("  12.3s  env steps    20,480     1,700/s  train it      900")
     assert "policy v40" in line and "eval  480.2" in line
     assert line.endswith("collectors 1  learners 2 (gen 3)")
+
+
+def test_each_learner_gets_its_local_rank_across_restarts(tmp_path, monkeypatch):
+    """`rlfleet up --learners N` on a machine with N GPUs: learner i starts with
+    LOCAL_RANK=i (`learner.device: cuda` then means its own GPU), and keeps it when it is
+    started again; collectors get none."""
+    import rlfleet.local.supervisor as supervisor
+
+    seen: list[tuple[str, str | None]] = []
+
+    def fake_start(name, role, args, port, log_dir, env, **kwargs):
+        seen.append((name, env.get("LOCAL_RANK")))
+        return Child(name, role, None, tmp_path / f"{name}.log", port)
+
+    monkeypatch.setattr(supervisor, "start_child", fake_start)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cluster = supervisor.LocalCluster(tmp_path / "config.yaml", tmp_path, str(tmp_path / "s"))
+    cluster.start_coordinator(wait=False, port=1)
+    cluster.add_learner()
+    cluster.add_learner()
+    cluster.add_collector()
+    cluster._launch("learner-2", "learner", [], 0)  # a restart of the second
+    assert seen == [("coordinator", None), ("learner", "0"), ("learner-2", "1"),
+                    ("collector-1", None),
+                    ("learner-2", "1")]

@@ -504,7 +504,7 @@ class FakeRollouts:
     rounds = 2
 
     def __init__(self, client: Any, storage: Any, worker_id: str, buffer: str,
-                 rollout_size: int, max_policy_lag: int | None) -> None:
+                 rollout_size: int, max_policy_lag: int | None, packed: bool = False) -> None:
         self.buffer = buffer
         self.stop_run = self.group_ended = False
         self.broken: str | None = None

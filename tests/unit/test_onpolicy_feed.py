@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlfleet.learner.rollouts import RolloutFeeder, is_stale
 from rlfleet.shared.contract.codec import decode_arrays
@@ -27,12 +28,14 @@ QUEUE = {"buffers": {"rollouts": buffer_config(kind="queue", capacity=100_000,
                                                rate_limit=FREE)},
          "learner": {"mix": [{"buffer": "rollouts", "fraction": 1.0}]},
          "algo": {"name": "ppo", "max_policy_lag": 2}}
+APPO_QUEUE = {**QUEUE, "algo": {"name": "appo"}}  # no max_policy_lag: nothing is stale
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _prewarm(request, coordinator_pool):
     prewarm_module(request, coordinator_pool, {
-        "test_stale_chunks_are_dropped_counted_and_released": QUEUE})
+        "test_stale_chunks_are_dropped_counted_and_released": QUEUE,
+        "test_appo_learns_from_chunks_ppo_would_drop": APPO_QUEUE})
 
 
 @pytest.mark.parametrize("chunk,learner,max_lag,stale", [
@@ -83,6 +86,43 @@ def test_stale_chunks_are_dropped_counted_and_released(coordinator, task_sink):
         assert stats["consumed_chunks"] == 6 and stats["in_flight_chunks"] == 0
         assert stats["queued_chunks"] == 0
         assert feeder.take_consumed() == []
+    finally:
+        client.close()
+
+
+def test_appo_learns_from_chunks_ppo_would_drop(coordinator, task_sink):
+    """The same kind of queue, fed chunks up to 8 versions older than the learner (PPO's
+    default drops past 3): APPO's feed, as the on-policy loop builds it from the config,
+    drops none, and APPO learns on all of them with their importance weights."""
+    from rlfleet.shared.algos.appo import APPO, APPOConfig
+    from rlfleet.shared.contract.algo import RolloutSettings
+    from rlfleet.shared.contract.spec import EnvSpec
+
+    c = coordinator(**APPO_QUEUE)
+    cfg = APPOConfig()
+    assert isinstance(cfg, RolloutSettings) and cfg.max_policy_lag is None
+    col, collect, lrn, _ = collector_and_learner(c, task_sink)
+    versions = [10, 2, 9, 5, 7]
+    for v in versions:
+        cid = write_chunk(c, 16, version=v)
+        ok(report(c, col["worker_id"], collect["task_id"], [(cid, 16)], policy_version=v))
+    client = HttpClient(c.url, timeout_s=10)
+    feeder = RolloutFeeder(client, DirectoryStorage(c.storage_dir), lrn["worker_id"],
+                           "rollouts", rollout_size=80, max_policy_lag=cfg.max_policy_lag)
+    try:
+        rollout = feeder.next(learner_version=10, attempts=3)
+        assert rollout is not None and rollout.rows == 80
+        assert rollout.lag_max == 8 > 3 and feeder.dropped_chunks == 0
+        data = dict(rollout.data)
+        rows = rollout.rows
+        cut = np.zeros(rows, bool)
+        cut[15::16] = True  # each chunk's rows end a run
+        data.update(cut=torch.from_numpy(cut), log_prob=torch.full((rows,), -0.69),
+                    value=torch.zeros(rows), bootstrap_value=torch.zeros(rows))
+        policy = APPO(APPOConfig(batch_size=40), EnvSpec(obs_shape=(4,), n_actions=2))
+        out = policy.learn(data)
+        assert policy.train_iterations == 2 and out.metrics["rollout_rows"] == 80.0
+        assert 0 < float(out.metrics["importance_weight_mean"]) <= 1.0
     finally:
         client.close()
 

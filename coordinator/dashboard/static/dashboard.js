@@ -231,7 +231,8 @@
     const badge = $("run-state");
     badge.textContent = run.solved ? `${run.state} · solved` : run.state;
     badge.className = `badge ${run.state}`;
-    $("run-reason").textContent = run.stop_reason || "";
+    const where = run.slurm ? ` · coordinator ${slurmText(run)}` : "";
+    $("run-reason").textContent = (run.stop_reason || "") + where;
     const stopped = run.state === "stopped";
     $("pause").disabled = stopped || run.paused;
     $("resume").disabled = stopped || !run.paused;
@@ -325,13 +326,48 @@
     return `${fmt(Math.max((st.env_steps - s0) / (now - t0), 0))} env steps/s`;
   }
 
+  const GIB = 2 ** 30;
+
+  // A worker's GPUs in a few words, grouped by kind: "2x NVIDIA H100 80GB HBM3 (80 GiB)".
+  function gpuText(gpus) {
+    if (!gpus.length) return "none";
+    const counts = new Map();
+    for (const g of gpus) {
+      const key = `${g.name} (${Math.round(g.memory_bytes / GIB)} GiB)`;
+      counts.set(key, (counts.get(key) || 0) + 1);
+    }
+    return [...counts].map(([key, n]) => `${n}x ${key}`).join(", ");
+  }
+
+  // What the worker reported having when it registered: host, cores, memory, GPUs.
+  function resourceCells(res) {
+    if (!res) return ["–", "–", "–", "–"];
+    return [res.hostname, res.cpu_cores, `${fmt(res.memory_bytes / GIB)} GiB`,
+      gpuText(res.gpus || [])];
+  }
+
+  // Where Slurm runs the worker: "job 4242 on n2"; "–" outside Slurm.
+  function slurmText(res) {
+    const slurm = res && res.slurm;
+    if (!slurm) return "–";
+    const again = slurm.restart_count ? `, requeued ${slurm.restart_count}x` : "";
+    return `job ${slurm.job_id} on ${slurm.node}${again}`;
+  }
+
+  // The epsilon a collector explores with (Ape-X: its slot's fixed one), from its heartbeat.
+  function epsilonText(w) {
+    const eps = (w.status || {}).epsilon;
+    return eps === undefined ? "–" : Number(eps.toPrecision(4)).toString();
+  }
+
   function renderWorkers(workers) {
     const now = performance.now() / 1000;
     const rows = workers.map((w) => [w.worker_id, w.role, w.state, workerRate(w, now),
       w.status && w.status.policy_version !== undefined ? w.status.policy_version : "–",
-      w.chunks_accepted, `${fmt(w.seconds_since_heartbeat)} s`, w.url]);
-    table("workers", ["worker", "role", "state", "rate", "policy", "chunks", "heartbeat", "url"],
-      rows, (i) => workers[i].state);
+      epsilonText(w), w.chunks_accepted, `${fmt(w.seconds_since_heartbeat)} s`, w.url,
+      ...resourceCells(w.resources), slurmText(w.resources)]);
+    table("workers", ["worker", "role", "state", "rate", "policy", "eps", "chunks", "heartbeat",
+      "url", "host", "cpus", "memory", "GPUs", "slurm"], rows, (i) => workers[i].state);
   }
 
   function fillBar(size, capacity) {

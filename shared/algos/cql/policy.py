@@ -31,8 +31,10 @@ class CQL(DQN):
 
     def learn(self, batch: Mapping[str, torch.Tensor],
               weights: torch.Tensor | None = None) -> LearnOutput:
-        all_q = masked_q(self.q(batch["obs"]), batch.get("action_mask"))
-        q, target = self._q_and_target(all_q, batch)
+        with self.precision.autocast():
+            all_q = masked_q(self.q(batch["obs"]), batch.get("action_mask"))
+            q, target = self._q_and_target(all_q, batch)
+        all_q, q, target = all_q.float(), q.float(), target.float()
         td = F.smooth_l1_loss(q, target, reduction="none")
         gap = torch.logsumexp(all_q, dim=1) - q  # >= 0: how far the data's action lags
         per_item = td + self.alpha * gap

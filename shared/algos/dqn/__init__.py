@@ -13,8 +13,9 @@ def warmup(cfg: Any) -> int:
     """At `eps_start` 1, DQN explores with epsilon near 1 with a network no update has
     touched until its buffers hold `min_size` transitions (learning starts there): until
     then, uniform random actions are what it would do, give or take the untrained network's
-    few greedy picks."""
-    if cfg.algo.eps_start < 1.0:
+    few greedy picks. Ape-X collectors (`collector.epsilon_schedule: apex`) act with their
+    own fixed epsilons from the first step: no warm-up."""
+    if cfg.algo.eps_start < 1.0 or cfg.collector.epsilon_schedule == "apex":
         return 0
     return min(b.rate_limit.min_size for b in cfg.buffers.values())
 
@@ -22,7 +23,8 @@ def warmup(cfg: Any) -> int:
 SPEC = AlgoSpec(
     name="dqn", title="DQN", config=DQNConfig, policy="rlfleet.shared.algos.dqn.policy:DQN",
     on_policy=False, action_spaces=frozenset({"discrete"}), buffer_kinds=SAMPLED_KINDS,
-    capabilities=frozenset({"DataParallel", "SeededActing", "Optimized", "QValues"}),
+    capabilities=frozenset({"DataParallel", "SeededActing", "Optimized", "QValues",
+                            "Placeable", "MixedPrecision", "EpsilonGreedy"}),
     warmup=warmup)
 
 

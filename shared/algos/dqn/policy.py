@@ -1,7 +1,8 @@
 """Double DQN with a target network and Huber loss: acting and learning, top to bottom.
 
-Acting is epsilon-greedy, epsilon decaying linearly over the run's global env steps;
-evaluation is greedy (deterministic) or epsilon-greedy with `eval_epsilon` (stochastic).
+Acting is epsilon-greedy, epsilon decaying linearly over the run's global env steps, or
+fixed per collector (`set_epsilon`: Ape-X's `collector.epsilon_schedule: apex`); evaluation
+is greedy (deterministic) or epsilon-greedy with `eval_epsilon` (stochastic).
 
 Games with illegal moves pass an action mask: acting (greedy and random alike) only picks
 legal actions, and the target's max runs over the next state's legal actions
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Reducer
+from rlfleet.shared.algos.device import FP32, Precision
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.nets import (
     NatureCNN,
@@ -59,7 +61,7 @@ def masked_q(q: torch.Tensor, mask: torch.Tensor | np.ndarray | None) -> torch.T
     next state, are left as they are: their target is cut by `terminated` anyway)."""
     if mask is None:
         return q
-    legal = torch.as_tensor(mask, dtype=torch.bool)
+    legal = torch.as_tensor(mask, dtype=torch.bool, device=q.device)
     legal = legal | ~legal.any(dim=1, keepdim=True)
     return q.masked_fill(~legal, float("-inf"))
 
@@ -72,6 +74,7 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 class DQN:
     on_policy: ClassVar[bool] = False
     rng: np.random.Generator  # the acting stream (SeededActing)
+    device: torch.device  # where its networks live (Placeable)
 
     def __init__(self, cfg: DQNConfig, spec: EnvSpec, seed: int = 0) -> None:
         if not spec.discrete:
@@ -93,6 +96,9 @@ class DQN:
         self.version = -1
         self.train_iterations = 0
         self.reducer: Reducer | None = None
+        self.device = torch.device("cpu")
+        self.precision: Precision = FP32
+        self.fixed_epsilon: float | None = None  # set_epsilon (EpsilonGreedy)
 
     @property
     def optimizer(self) -> Optimizer:
@@ -100,6 +106,18 @@ class DQN:
         if self._optimizer is None:
             self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
         return self._optimizer
+
+    def to(self, device: torch.device) -> None:
+        """Both networks, and any optimizer state, on `device` (Placeable)."""
+        self.device = torch.device(device)
+        self.q.to(self.device)
+        self.target.to(self.device)
+        if self._optimizer is not None:  # its state follows the parameters it loads into
+            self._optimizer.load_state_dict(self._optimizer.state_dict())
+
+    def set_precision(self, precision: Precision) -> None:
+        """Learn under `learner.precision` (MixedPrecision)."""
+        self.precision = precision
 
     @optimizer.setter
     def optimizer(self, optimizer: Optimizer) -> None:
@@ -113,13 +131,24 @@ class DQN:
     # -- acting -----------------------------------------------------------------------------
 
     def epsilon(self, env_step: int) -> float:
+        """The fixed epsilon if one was set, else the linear decay at this env step of the
+        run (EpsilonGreedy)."""
+        if self.fixed_epsilon is not None:
+            return self.fixed_epsilon
         c = self.cfg
         return linear_epsilon(env_step, c.eps_start, c.eps_end, c.eps_decay_steps)
 
+    def set_epsilon(self, epsilon: float | None) -> None:
+        """Act with this fixed epsilon (an Ape-X collector's), or None: the decay
+        (EpsilonGreedy)."""
+        if epsilon is not None and not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon {epsilon} is not a probability")
+        self.fixed_epsilon = None if epsilon is None else float(epsilon)
+
     def _greedy(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
-            q = self.q(as_obs_tensor(obs))
-            return masked_q(q, mask).argmax(dim=1).numpy()
+            q = self.q(as_obs_tensor(obs, self.device))
+            return masked_q(q, mask).argmax(dim=1).cpu().numpy()
 
     def _random(self, n: int, mask: np.ndarray | None) -> np.ndarray:
         if mask is None:
@@ -156,7 +185,7 @@ class DQN:
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """Q(s, .) of the online network, without gradients (QValues)."""
         with torch.inference_mode():
-            return self.q(obs)
+            return self.q(obs.to(self.device))
 
     def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         self.q.load_state_dict(state)
@@ -171,8 +200,10 @@ class DQN:
               weights: torch.Tensor | None = None) -> LearnOutput:
         """One gradient step. `weights` are importance-sampling weights from a prioritized
         buffer (None: all ones); the new priorities are |TD error|."""
-        all_q = self.q(batch["obs"])
-        q, target = self._q_and_target(all_q, batch)
+        with self.precision.autocast():
+            all_q = self.q(batch["obs"])
+            q, target = self._q_and_target(all_q, batch)
+        q, target = q.float(), target.float()
         if weights is None:
             loss = F.smooth_l1_loss(q, target)
         else:
@@ -205,11 +236,12 @@ class DQN:
         """One gradient step on `loss` (averaged over a learner group's ranks), and the
         target network's copy when it is due; returns the gradient norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.precision.backward(loss)
         if self.reducer is not None and self.reducer.world_size > 1:
             sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
+        self.precision.unscale(self.optimizer)
         grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.train_iterations += 1
         if self.train_iterations % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())

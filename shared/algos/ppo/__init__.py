@@ -20,7 +20,8 @@ SPEC = AlgoSpec(
     name="ppo", title="PPO", config=PPOConfig, policy="rlfleet.shared.algos.ppo.policy:PPO",
     on_policy=True, action_spaces=frozenset({"discrete", "continuous"}),
     buffer_kinds=frozenset({"queue"}),
-    capabilities=frozenset({"DataParallel", "NormalizesObservations", "Optimized"}),
+    capabilities=frozenset({"DataParallel", "NormalizesObservations", "Optimized",
+                            "Placeable", "MixedPrecision"}),
     check=check)
 
 

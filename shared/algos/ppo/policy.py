@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from rlfleet.shared.algos.base import ActOutput, LearnOutput, Optimizer, Reducer
+from rlfleet.shared.algos.device import FP32, Precision
 from rlfleet.shared.algos.nets import (
     NatureCNN,
     as_obs_tensor,
@@ -155,6 +156,7 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 class PPO:
     on_policy: ClassVar[bool] = True
+    device: torch.device  # where its networks live (Placeable)
 
     def __init__(self, cfg: PPOConfig, spec: EnvSpec, seed: int = 0) -> None:
         torch.manual_seed(seed)
@@ -168,6 +170,10 @@ class PPO:
         # Sampling and minibatch shuffling draw from a generator of their own, so a seed gives
         # the same actions however much other code touches torch's global generator.
         self.gen = torch.Generator().manual_seed(seed)
+        self._act_gen = self.gen  # acting's: on the acting device (`to`)
+        self._seed = seed
+        self.device = torch.device("cpu")
+        self.precision: Precision = FP32
         self.version = -1
         self.train_iterations = 0
         self.rows_learned = 0  # of whole rollouts (every rank's share): drives lr_anneal_rows
@@ -190,6 +196,21 @@ class PPO:
         """Learn as one rank of a data-parallel group (None: alone)."""
         self.reducer = reducer
 
+    def to(self, device: torch.device) -> None:
+        """The network, and any optimizer state, on `device` (Placeable). Acting on a GPU
+        samples from a generator there, seeded alike; the minibatch shuffle stays on the CPU
+        generator, so a seed shuffles alike on any device."""
+        self.device = torch.device(device)
+        self.net.to(self.device)
+        self._act_gen = (self.gen if self.device.type == "cpu"
+                         else torch.Generator(self.device).manual_seed(self._seed))
+        if self._optimizer is not None:  # its state follows the parameters it loads into
+            self._optimizer.load_state_dict(self._optimizer.state_dict())
+
+    def set_precision(self, precision: Precision) -> None:
+        """Learn under `learner.precision` (MixedPrecision)."""
+        self.precision = precision
+
     # -- acting -----------------------------------------------------------------------------
 
     def _masked(self, head: torch.Tensor, mask: torch.Tensor | np.ndarray | None
@@ -198,18 +219,20 @@ class PPO:
         p log p must stay 0, not nan), so they are never sampled and carry no gradient."""
         if mask is None or not self.spec.discrete:
             return head
-        legal = torch.as_tensor(mask, dtype=torch.bool)
+        legal = torch.as_tensor(mask, dtype=torch.bool, device=head.device)
         legal = legal | ~legal.any(dim=1, keepdim=True)
         return head.masked_fill(~legal, -1e9)
 
     def _sample(self, head: torch.Tensor) -> torch.Tensor:
         if self.spec.discrete:
-            return torch.multinomial(torch.softmax(head, dim=1), 1, generator=self.gen).squeeze(1)
-        noise = torch.randn(head.shape, generator=self.gen)
+            return torch.multinomial(torch.softmax(head, dim=1), 1,
+                                     generator=self._act_gen).squeeze(1)
+        noise = torch.randn(head.shape, generator=self._act_gen, device=head.device)
         return head + noise * self.net.log_std.exp()
 
     def _to_actions(self, action: torch.Tensor) -> np.ndarray:
         """int64 (n,) for discrete actions, float32 (n, *action_shape) for continuous ones."""
+        action = action.cpu()
         if self.spec.discrete:
             return action.numpy().astype(np.int64, copy=False)
         return action.reshape(-1, *self.spec.action_shape).numpy()
@@ -219,18 +242,18 @@ class PPO:
         """Sampled actions with their log-probs and V(obs), both float32 (n,); only legal
         ones under `mask`."""
         with torch.inference_mode():
-            head, value = self.net.head_value(as_obs_tensor(obs))
+            head, value = self.net.head_value(as_obs_tensor(obs, self.device))
             head = self._masked(head, mask)
             action = self._sample(head)
             log_prob, _ = self.net.log_prob_entropy(head, action)
         return ActOutput(self._to_actions(action),
-                         {"log_prob": log_prob.numpy(), "value": value.numpy()})
+                         {"log_prob": log_prob.cpu().numpy(), "value": value.cpu().numpy()})
 
     def act_eval(self, obs: np.ndarray, deterministic: bool = True,
                  mask: np.ndarray | None = None) -> np.ndarray:
         """The most likely action (argmax, or the Gaussian's mean) or a sample."""
         with torch.inference_mode():
-            head = self._masked(self.net.head(as_obs_tensor(obs)), mask)
+            head = self._masked(self.net.head(as_obs_tensor(obs, self.device)), mask)
             if not deterministic:
                 action = self._sample(head)
             else:
@@ -240,7 +263,7 @@ class PPO:
     def bootstrap(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) as float32 (n,): the value a cut run continues with."""
         with torch.inference_mode():
-            return self.net.value(as_obs_tensor(obs)).numpy()
+            return self.net.value(as_obs_tensor(obs, self.device)).cpu().numpy()
 
     def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         self.net.load_state_dict(state)
@@ -297,15 +320,10 @@ class PPO:
                              "a prioritized buffer do not apply")
         c = self.cfg
         batch = batch if batch and batch["obs"].shape[0] else self._empty_batch()
+        batch = {k: v.to(self.device) for k, v in batch.items()}  # no copy where they are
         rows = int(batch["obs"].shape[0])
         old_value = batch["value"].float()
-        if rows:
-            adv_np, ret_np = gae(batch["reward"].numpy() * c.reward_scale, old_value.numpy(),
-                                 batch["bootstrap_value"].numpy(), batch["terminated"].numpy(),
-                                 batch["cut"].numpy(), c.gamma, c.gae_lambda)
-            advantages, returns = torch.from_numpy(adv_np), torch.from_numpy(ret_np)
-        else:
-            advantages, returns = torch.zeros(0), torch.zeros(0)
+        advantages, returns, extra = self._targets(batch, old_value, rows)
         obs = as_obs_tensor(batch["obs"])  # images stay uint8: the trunk scales them
         action = batch["action"] if self.spec.discrete else batch["action"].float()
         old_log_prob = batch["log_prob"].float()
@@ -319,9 +337,9 @@ class PPO:
         n_minibatches = max(1, total // c.batch_size)
         self._set_lr()
         self.rows_learned += total
-        totals = torch.zeros(len(METRICS))
+        totals = torch.zeros(len(METRICS), device=self.device)
         for _ in range(c.epochs):
-            perm = torch.randperm(total, generator=self.gen)
+            perm = torch.randperm(total, generator=self.gen).to(self.device)
             for idx in torch.tensor_split(perm, n_minibatches):
                 mine = idx[(idx >= offset) & (idx < offset + rows)] - offset
                 totals += self._update(obs[mine], action[mine], old_log_prob[mine],
@@ -335,7 +353,33 @@ class PPO:
         if rows:
             metrics["value_mean"] = old_value.mean()
         metrics["rollout_rows"] = float(total)
+        metrics.update(extra)
         return LearnOutput(metrics)
+
+    def _targets(self, batch: Mapping[str, torch.Tensor], old_value: torch.Tensor, rows: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor | float]]:
+        """Advantages and value targets for this rank's rows, and metrics of their own:
+        GAE(lambda) over the values the collectors stored (the acting policy is the learning
+        one, up to `max_policy_lag` versions)."""
+        c = self.cfg
+        if not rows:
+            empty = torch.zeros(0, device=self.device)
+            return empty, empty, {}
+        # GAE is a sequential scan: numpy on the host, a few floats a row
+        host = {k: batch[k].cpu().numpy()
+                for k in ("reward", "bootstrap_value", "terminated", "cut")}
+        adv_np, ret_np = gae(host["reward"] * c.reward_scale, old_value.cpu().numpy(),
+                             host["bootstrap_value"], host["terminated"], host["cut"],
+                             c.gamma, c.gae_lambda)
+        return (torch.from_numpy(adv_np).to(self.device),
+                torch.from_numpy(ret_np).to(self.device), {})
+
+    def _policy_loss(self, advantages: torch.Tensor, ratio: torch.Tensor,
+                     log_prob: torch.Tensor) -> torch.Tensor:
+        """The clipped surrogate, summed over this rank's rows of a minibatch."""
+        c = self.cfg
+        return torch.max(-advantages * ratio,
+                         -advantages * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).sum()
 
     def _set_lr(self) -> None:
         """The rate for the next rollout, on the optimizer. Annealed by rows learned
@@ -377,8 +421,10 @@ class PPO:
         given); its METRICS as one detached tensor, the same on every rank."""
         c = self.cfg
         group = self.reducer is not None and self.reducer.world_size > 1
-        head, value = self.net.head_value(obs)
-        log_prob, entropy = self.net.log_prob_entropy(self._masked(head, mask), action)
+        with self.precision.autocast():
+            head, value = self.net.head_value(obs)
+            log_prob, entropy = self.net.log_prob_entropy(self._masked(head, mask), action)
+        value, log_prob, entropy = value.float(), log_prob.float(), entropy.float()
 
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
@@ -392,9 +438,7 @@ class PPO:
             std = ((sums[1] - size * mean * mean) / (size - 1)).clamp(min=0.0).sqrt()
             advantages = ((a64 - mean) / (std + 1e-8)).float()
         inv = 1.0 / size
-        policy_loss = torch.max(-advantages * ratio,
-                                -advantages * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)
-                                ).sum() * inv
+        policy_loss = self._policy_loss(advantages, ratio, log_prob) * inv
         if c.clip_vloss:
             clipped = old_value + (value - old_value).clamp(-c.clip_coef, c.clip_coef)
             value_loss = 0.5 * torch.max((value - returns) ** 2,
@@ -405,7 +449,7 @@ class PPO:
         loss = policy_loss - c.ent_coef * entropy_mean + c.vf_coef * value_loss
 
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.precision.backward(loss)
         with torch.no_grad():
             approx_kl = ((ratio - 1) - log_ratio).sum() * inv  # the low-variance k3 estimator
             clip_frac = ((ratio - 1).abs() > c.clip_coef).float().sum() * inv
@@ -413,8 +457,9 @@ class PPO:
                                  clip_frac]).detach()
         if group:  # gradients and metrics in one collective
             sum_gradients(self._params, self.reducer, extra=[stats])
+        self.precision.unscale(self.optimizer)
         grad_norm = clip_grad_norm(self._params, c.max_grad_norm)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.train_iterations += 1
         return torch.cat([stats, grad_norm.detach().reshape(1)])
 
