@@ -101,12 +101,13 @@ class Evaluator:
         policy = acting.for_evaluation(task.policy_version)
         runs = {}
         for deterministic in (True, False) if task.stochastic else (True,):
-            done = evaluate(envs, policy, task.episodes, task.seed, deterministic)
+            done = evaluate(envs, policy, task.episodes, task.seed, deterministic,
+                            self.cfg.eval.max_steps)
             # successes only from envs that report them: any other env's report has none
             known = any(s is not None for s in done.successes)
             runs["deterministic" if deterministic else "stochastic"] = EvalEpisodes(
                 returns=done.returns, lengths=done.lengths,
-                successes=done.successes if known else None)
+                successes=done.successes if known else None, truncated=done.truncated)
         self.counters.evaluations += 1
         try:
             video = self._record(task, policy) if task.video else None

@@ -294,12 +294,15 @@ class Rollout:
 
 
 class Evaluated(NamedTuple):
-    """Evaluation episodes in the order they finished: return, length, and whether each
-    reached its goal (None where the env reports no `info["is_success"]`)."""
+    """Evaluation episodes in the order they finished: return, length, whether each
+    reached its goal (None where the env reports no `info["is_success"]`), and whether each
+    was cut short (by the env's time limit or the evaluation's step cap) instead of
+    terminating."""
 
     returns: list[float]
     lengths: list[int]
     successes: list[bool | None]
+    truncated: list[bool]
 
     @property
     def success_rate(self) -> float | None:
@@ -307,13 +310,19 @@ class Evaluated(NamedTuple):
 
 
 def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
-             deterministic: bool = True) -> Evaluated:
+             deterministic: bool = True, max_steps: int | None = None) -> Evaluated:
     """Run exactly `episodes` episodes spread evenly over the envs (env i runs episodes i,
     i+n, ...), so short episodes cannot crowd out long ones in the mean (the bias of
     counting whichever episodes finish first). Its random draws come from `seed`, not from
-    the acting streams (`_own_randomness`)."""
+    the acting streams (`_own_randomness`).
+
+    An episode still running after `max_steps` env steps (`eval.max_steps`) ends there as
+    truncated and its env is reset alone: an env without a time limit, or a policy that
+    never ends an episode, would otherwise hold the caller's thread for good."""
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"eval.max_steps={max_steps}: expected a positive step count or null")
     with _own_randomness(policy, seed):
-        return _evaluate(envs, policy, episodes, seed, deterministic)
+        return _evaluate(envs, policy, episodes, seed, deterministic, max_steps)
 
 
 @contextlib.contextmanager
@@ -344,13 +353,13 @@ def _own_randomness(policy: Policy, seed: int) -> Iterator[None]:
 
 
 def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
-              deterministic: bool) -> Evaluated:
+              deterministic: bool, max_steps: int | None) -> Evaluated:
     n = envs.num_envs
     quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     obs, _ = envs.reset(seed=seed)
     ep_return = np.zeros(n)
     ep_length = np.zeros(n, dtype=np.int64)
-    out = Evaluated([], [], [])
+    out = Evaluated([], [], [], [])
     # algo.obs_norm: the version's statistics
     pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
     recurrent = isinstance(policy, Recurrent)
@@ -360,14 +369,22 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
         actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         active = quota > 0
-        if recurrent and (terminated | truncated).any():
-            policy.reset_state(np.flatnonzero(terminated | truncated), evaluation=True)
+        done = terminated | truncated
         ep_return += np.where(active, reward, 0.0)
         ep_length += active
-        for i in np.flatnonzero((terminated | truncated) & active):
+        # at the cap: the episode ends here, and its env starts the next one now (the others
+        # go on with theirs)
+        capped = (active & ~done & (ep_length >= max_steps) if max_steps is not None
+                  else np.zeros(n, dtype=bool))
+        if capped.any():
+            next_obs, _ = envs.reset(options={"reset_mask": capped.copy()})
+        if recurrent and (done | capped).any():
+            policy.reset_state(np.flatnonzero(done | capped), evaluation=True)
+        for i in np.flatnonzero((done | capped) & active):
             out.returns.append(float(ep_return[i]))
             out.lengths.append(int(ep_length[i]))
             out.successes.append(episode_success(info, i))
+            out.truncated.append(not bool(terminated[i]))
             quota[i] -= 1
             ep_return[i] = 0.0
             ep_length[i] = 0

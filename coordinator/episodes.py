@@ -9,8 +9,10 @@ it acknowledged. Evaluation episodes go in the same table with `evaluation: true
 
 A row is written when its chunk report is accepted, never when a restart replays the journal
 (those rows were written the first time), so the table's training episodes add up to the
-coordinator's `episodes` counter. `rlfleet.shared.telemetry.rundata.load_run(run).episodes`
-reads it back as a pandas DataFrame.
+coordinator's `episodes` counter, until `logging.episodes_max_mb` is reached: the table then
+rotates into time-named parts and drops its oldest rows (`shared/telemetry/rotating.py`), so
+a run left for weeks cannot fill its disk. `rlfleet.shared.telemetry.rundata.load_run(run)
+.episodes` reads the parts and the current file back as one pandas DataFrame.
 """
 
 from __future__ import annotations
@@ -23,20 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.telemetry.rotating import RotatingJsonl
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 
 log = logging.getLogger("rlfleet.coordinator")
 
 
 class EpisodeTable:
-    def __init__(self, run: str, run_dir: Path | None) -> None:
+    """`max_bytes`: the table's files together stay within it (None: one file, no limit)."""
+
+    def __init__(self, run: str, run_dir: Path | None, max_bytes: int | None = None) -> None:
         self.run = run
         self.rows_written = 0
         self._lock = threading.Lock()
-        self._file = None
+        self._file: RotatingJsonl | None = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = (run_dir / EPISODES_NAME).open("a", encoding="utf-8")
+            self._file = RotatingJsonl(run_dir / EPISODES_NAME, max_bytes)
 
     def on_chunks(self, worker_id: str, task_id: str, seed: int | None,
                   chunks: list[ChunkMeta], env_steps_after: int, wall_time: float) -> None:
@@ -68,14 +73,16 @@ class EpisodeTable:
             if episodes is None:
                 continue
             successes = episodes.successes or [None] * len(episodes.returns)
-            for ret, length, success in zip(episodes.returns, episodes.lengths, successes,
-                                            strict=True):
+            truncated = episodes.truncated or [None] * len(episodes.returns)
+            for ret, length, success, cut in zip(episodes.returns, episodes.lengths,
+                                                 successes, truncated, strict=True):
                 rows.append({
                     "run": self.run, "worker_id": req.worker_id, "task_id": req.task_id,
                     "env_index": None, "seed": seed, "policy_version": req.policy_version,
                     "return": ret, "length": length, "return_components": None,
                     "wall_time": wall_time, "env_step": env_steps, "evaluation": True,
-                    "deterministic": mode == "deterministic", "success": success})
+                    "deterministic": mode == "deterministic", "success": success,
+                    "truncated": cut})
         self._write(rows)
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
@@ -86,8 +93,7 @@ class EpisodeTable:
             if self._file.closed:
                 return
             try:
-                self._file.write(text)
-                self._file.flush()
+                self._file.write(text)  # flushed at once
             except OSError as err:  # a full disk must not fail a chunk report
                 log.warning("episode table: %d rows not written: %s", len(rows), err)
                 return

@@ -55,7 +55,9 @@ def summarise_episodes(episodes: EvalEpisodes) -> EvalSummary:
     return EvalSummary(episodes=len(r), return_mean=float(r.mean()), return_std=float(r.std()),
                        return_min=float(r.min()), return_max=float(r.max()),
                        length_mean=float(np.mean(episodes.lengths)),
-                       success_rate=episodes.success_rate)
+                       success_rate=episodes.success_rate,
+                       truncated=(None if episodes.truncated is None
+                                  else sum(episodes.truncated)))
 
 
 def battle_rates(outcomes: list[BattleOutcome]) -> dict[str, dict[str, float]]:
@@ -192,9 +194,11 @@ class EvaluationSchedule:
             self.best_evaluation = result
             self._keep_best_policy(result)
         self.forget_evaluated(result.task_id)
-        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s%s",
+        log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s%s%s",
                  result.policy_version, result.env_steps, result.return_mean,
-                 result.return_std, "" if result.success_rate is None
+                 result.return_std, "" if not det.truncated
+                 else f", {det.truncated} of {det.episodes} truncated",
+                 "" if result.success_rate is None
                  else f", success {result.success_rate:.2f}", "".join(
                      f"; vs {k} {v['win']:.2f}/{v['draw']:.2f}/{v['loss']:.2f}"
                      for k, v in result.battles.items() if "/" not in k))

@@ -342,8 +342,10 @@ class LearnerGroup:
         rates.append((now, train_iterations))
         if timers:  # a report with no new train iteration carries none
             self.timers[worker_id] = dict(timers)
-        self.metrics[worker_id] = dict(metrics)
-        reporting = [self.metrics[w] for w in self.ranks if w in self.metrics] or [metrics]
+        if metrics:  # a report with no update since the last one carries none
+            self.metrics[worker_id] = dict(metrics)
+        reporting = [self.metrics[w] for w in self.ranks if w in self.metrics] or [
+            self.metrics.get(worker_id, metrics)]
         keys = set().union(*reporting)
         return {k: float(np.mean([m[k] for m in reporting if k in m])) for k in sorted(keys)}
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.learner_group import LearnerGroup
 from rlfleet.coordinator.matchmaking import Matchmaker
 from rlfleet.coordinator.membership import Membership
@@ -91,8 +92,9 @@ class Readout:
     def __init__(self, cfg: RunConfig, storage_url: str, state: CoordinatorState, *,
                  replay: Replay, members: Membership, tasks: TaskTable, group: LearnerGroup,
                  evaluations: EvaluationSchedule, matchmaker: Matchmaker | None,
-                 durability: Durability) -> None:
+                 durability: Durability, health: RunHealth | None = None) -> None:
         self.cfg = cfg
+        self.health = health
         self.storage_url = storage_url  # without its password
         self.state = state
         self.replay = replay
@@ -262,4 +264,6 @@ class Readout:
             learner_group=_checked(LearnerGroupStatus, group),
             league=(_checked(LeagueSummary, self.matchmaker.view()) if self.matchmaker
                     else None),
+            alerts=(self.health.alerts(self.members, collecting=s.phase == "running")
+                    if self.health is not None else []),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, request
 
 from rlfleet.coordinator.admission import DeviceMissing, NotAdmitted
-from rlfleet.coordinator.membership import UnknownWorker
+from rlfleet.coordinator.membership import Superseded, UnknownWorker, WorkerIdTaken
 from rlfleet.coordinator.openapi import document, openapi_document
 from rlfleet.coordinator.replay import UnknownBuffer
 from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
@@ -73,6 +73,18 @@ def _json(model):
 @bp.errorhandler(UnknownWorker)
 def _unknown_worker(err: UnknownWorker):
     return error(404, str(err), "worker_id")
+
+
+@bp.errorhandler(WorkerIdTaken)
+def _worker_id_taken(err: WorkerIdTaken):
+    """A second process under a live worker's id: refused, so the holder goes on alone."""
+    return error(409, str(err), "worker_id", holder_url=err.holder_url)
+
+
+@bp.errorhandler(Superseded)
+def _superseded(err: Superseded):
+    """The heartbeat of a process whose id another process took while it was silent."""
+    return error(409, str(err), "worker_id", holder_url=err.holder_url)
 
 
 @bp.errorhandler(NotAdmitted)
@@ -175,9 +187,12 @@ def list_workers():
 @bp.post(f"{API}/workers")
 @document(RegisterResponse, body=RegisterRequest, errors=[403, 409])
 def register():
-    """Join the run, or join it again under the same id. 403: the worker's URL is outside
+    """Join the run, or join it again under the same id: from the same URL (a restart),
+    the worker replaces its entry. 403: the worker's URL is outside
     `coordinator.worker_networks`; 409: the config's `learner.device` or `collector.device`
-    asks for a GPU the worker's `resources` do not list."""
+    asks for a GPU the worker's `resources` do not list, or `worker_id` is held by a live
+    worker at another URL (heard from within `coordinator.heartbeat_timeout_s` and still
+    answering there; the answer's `holder_url` names it): two processes cannot share an id."""
     return _json(coord().register(parse_body(RegisterRequest)))
 
 
@@ -189,8 +204,11 @@ def get_worker(worker_id: str):
 
 
 @bp.post(f"{API}/workers/<worker_id>/heartbeat")
-@document(HeartbeatResponse, body=HeartbeatRequest, errors=[404], path_params=WORKER_ID)
+@document(HeartbeatResponse, body=HeartbeatRequest, errors=[404, 409], path_params=WORKER_ID)
 def heartbeat(worker_id: str):
+    """404: the id is unknown, left or was declared dead (the worker registers again);
+    409: the heartbeat's `url` is not the one the id is registered from now (another
+    process took the id while this one was silent past the timeout; this one stops)."""
     return _json(coord().heartbeat(worker_id, parse_body(HeartbeatRequest)))
 
 

@@ -47,6 +47,43 @@ class _Means:
         self.counts.clear()
 
 
+class _TrainWindow:
+    """The learner reports between two written train records: each metric's mean weighted
+    by how many values each report's mean is of, its min and max, and the last array of each
+    array metric. A record then says what the whole interval did, not what its last
+    minibatch happened to give."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.low: dict[str, float] = {}
+        self.high: dict[str, float] = {}
+        self.arrays: dict[str, list[float]] = {}
+
+    def add(self, req: LearnInfo) -> None:
+        for key, mean in req.metrics.items():
+            n = max(1, req.metric_counts.get(key, 1))
+            self.sums[key] += mean * n
+            self.counts[key] += n
+            low, high = req.metrics_min.get(key, mean), req.metrics_max.get(key, mean)
+            self.low[key] = min(self.low.get(key, low), low)
+            self.high[key] = max(self.high.get(key, high), high)
+        self.arrays.update(req.arrays)
+
+    def scalars(self, min_max: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, total in self.sums.items():
+            out[f"train/{key}"] = total / self.counts[key]
+            if min_max:
+                out[f"train/{key}_min"] = self.low[key]
+                out[f"train/{key}_max"] = self.high[key]
+        out.update({f"train/{k}": v for k, v in self.arrays.items()})
+        return out
+
+    def clear(self) -> None:
+        self.__init__()
+
+
 class RunLog:
     """The run's records go to the logger from `open(resume_step)` on: a resumed run's
     records continue from the step its snapshot was taken at, which the coordinator knows
@@ -65,6 +102,11 @@ class RunLog:
         self._components: list[list[float]] = []
         self._lags: list[int] = []  # policy lag of each chunk since the last collect record
         self._timers = _Means()
+        self._train = _TrainWindow()
+        train_scope = cfg.logging.scopes.get("train")
+        self._train_every = train_scope.every_train_iterations if train_scope else 0
+        self._train_min_max = bool(train_scope and train_scope.min_max)
+        self._train_written_at: int | None = None  # train iteration of the last train record
         self._force: set[str] = set()
         # A run that collects nothing (offline: dataset buffers only) counts no env steps;
         # its records are stepped by train iterations instead, which do advance.
@@ -141,18 +183,32 @@ class RunLog:
                 self._returns, self._lengths, self._components = [], [], []
                 self._lags = []
 
-    def on_learn_info(self, req: LearnInfo, env_steps: int, iterations_per_s: float) -> None:
+    def on_learn_info(self, req: LearnInfo, env_steps: int, iterations_per_s: float,
+                      nonfinite_total: int = 0) -> None:
+        """`nonfinite_total`: the run's NaN or infinite learner values so far
+        (`coordinator/health.py`), a curve of its own."""
         with self._lock:
             self._timers.add(req.timers, "timers/learner/")
-            scalars = {f"train/{k}": v for k, v in req.metrics.items()}
+            self._train.add(req)
+            self._iterations = max(self._iterations, req.train_iterations)
+            scalars = self._train.scalars(self._train_min_max)
             scalars["train/train_iterations"] = float(req.train_iterations)
             scalars["train/updates_per_s"] = iterations_per_s
-            self._iterations = max(self._iterations, req.train_iterations)
+            scalars["train/nonfinite_metrics"] = float(nonfinite_total)
             # The metric evaluator's scores ride in the train record, written whatever the
             # scope's interval: the eval scope's steps belong to env evaluations, which
             # arrive later than the train iteration they evaluated.
             scalars.update({f"eval/dataset/{k}": v for k, v in req.dataset_eval.items()})
-            self._log("train", env_steps, scalars, force=bool(req.dataset_eval))
+            force = bool(req.dataset_eval)
+            if self._train_every:  # logging.scopes.train.every_train_iterations
+                last = self._train_written_at
+                due = last is None or self._iterations - last >= self._train_every
+                if not (due or force):
+                    scalars = {}
+                force = True
+            if scalars and self._log("train", env_steps, scalars, force=force):
+                self._train.clear()
+                self._train_written_at = self._iterations
             if self._log("update", env_steps, self._timers.means()):
                 self._timers.clear()
 

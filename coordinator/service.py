@@ -30,9 +30,11 @@ from rlfleet.coordinator.commander import Commander
 from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.episodes import EpisodeTable
 from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.learner_group import LearnerGroup, StaleGeneration
+from rlfleet.coordinator.liveness import Liveness, probe
 from rlfleet.coordinator.matchmaking import Matchmaker
-from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker
+from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker, WorkerIdTaken
 from rlfleet.coordinator.readout import Readout
 from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.coordinator.runlog import RunLog
@@ -65,10 +67,10 @@ from rlfleet.shared.contract.schemas import (
     TaskState,
 )
 from rlfleet.shared.infra.auth import load_token
-from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact
 from rlfleet.shared.run.config import RunConfig
+from rlfleet.shared.telemetry.rotating import MB
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -115,8 +117,11 @@ class Coordinator:
         self.group = LearnerGroup(cfg, clock)
         self.commander = Commander(cfg, self.members, self.tasks, token)
         self.runlog = RunLog(cfg, self.run_dir, open_logger=False)  # opened by `_restore`
-        self.episode_table = EpisodeTable(cfg.name, self.run_dir if cfg.logging.episodes
-                                          else None)
+        self.health = RunHealth(cfg.learner.data_shortage_warn_s)  # alerts in /status
+        max_mb = cfg.logging.episodes_max_mb
+        self.episode_table = EpisodeTable(
+            cfg.name, self.run_dir if cfg.logging.episodes else None,
+            None if max_mb is None else max(1, int(max_mb * MB)))
         # self-play: the league, its opponents and snapshots (None: a single-agent run)
         self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir)
                            if cfg.league is not None else None)
@@ -135,7 +140,7 @@ class Coordinator:
         self.readout = Readout(cfg, self.storage_url, self.state, replay=self.replay,
                                members=self.members, tasks=self.tasks, group=self.group,
                                evaluations=self.eval_schedule, matchmaker=self.matchmaker,
-                               durability=self.durability)
+                               durability=self.durability, health=self.health)
         self._closing = threading.Event()
         self._wake = threading.Event()  # an early scheduler tick
         self._scheduler = threading.Thread(target=self._scheduler_loop, name="scheduler",
@@ -193,8 +198,12 @@ class Coordinator:
             check_device(self.cfg.learner.device, "learner.device", req)
         else:
             check_device(self.cfg.collector.device, "collector.device", req)
-        worker, is_new = self.members.register(req.role, req.url, req.worker_id,
-                                               req.resources)
+        try:
+            worker, is_new = self.members.register(req.role, req.url, req.worker_id,
+                                                   req.resources, self._gone_holder(req))
+        except WorkerIdTaken as err:  # 409: the newcomer fails, the holder goes on
+            log.warning("refused a %s at %s: %s", req.role.value, req.url, err)
+            raise
         log.info("%s %s at %s", "registered" if is_new else "re-registered",
                  worker.worker_id, worker.url)
         if not is_new:  # a restart under the same id: its old process's work is lost
@@ -211,8 +220,20 @@ class Coordinator:
             heartbeat_interval_s=self.cfg.coordinator.heartbeat_interval_s,
             env_steps=self.state.env_steps)
 
+    def _gone_holder(self, req: RegisterRequest) -> str | None:
+        """The URL of the live-looking holder of the id the request names, if nothing
+        answers there any more: a worker restarted on another port (as `rlfleet up` restarts
+        one) while its old entry was within the heartbeat timeout. One that answers, or is
+        only silent (hung: the heartbeat timeout decides), keeps its id."""
+        holder = self.members.holder(req.worker_id, req.url)
+        if holder is None or probe(holder.url) is not Liveness.GONE:
+            return None
+        log.info("%s registers from %s; nothing answers at its old URL %s: a restart",
+                 holder.worker_id, req.url, holder.url)
+        return holder.url
+
     def heartbeat(self, worker_id: str, req: HeartbeatRequest) -> HeartbeatResponse:
-        worker = self.members.heartbeat(worker_id, req.status)
+        worker = self.members.heartbeat(worker_id, req.status, req.url)
         return HeartbeatResponse(stop=self.stopped, paused=self.state.paused,
                                  policy_version=self.state.version_or_none(),
                                  env_steps=self.state.env_steps,
@@ -284,14 +305,7 @@ class Coordinator:
             url = self.members.get(worker_id).url
         except UnknownWorker:
             return False
-        client = HttpClient(url, timeout_s=1.0, retries=0)
-        try:
-            client.get("/health")
-            return True
-        except HttpError:
-            return False
-        finally:
-            client.close()
+        return probe(url) is Liveness.ANSWERS
 
     def _offer_unassigned(self) -> None:
         """Hand unassigned main tasks to live workers of their role that have none."""
@@ -548,7 +562,9 @@ class Coordinator:
                 apply()
         if dead:
             self.durability.release(dead)
-        self.runlog.on_learn_info(req, self.state.env_steps, self.rates()[1])
+        self.health.on_learn_info(req.worker_id, req.train_iterations, req.nonfinite)
+        self.runlog.on_learn_info(req, self.state.env_steps, self.rates()[1],
+                                  self.health.nonfinite_total)
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped,
                                  best_policy_version=self.eval_schedule.best_policy_version)
@@ -607,9 +623,13 @@ class Coordinator:
     # -- background threads -----------------------------------------------------------------
 
     def _scheduler_loop(self) -> None:
+        """A tick every half second at most, and one as a silent worker's heartbeat timeout
+        passes: a learner group waits for a frozen rank until it is declared dead."""
         interval = min(self.cfg.coordinator.heartbeat_interval_s, 0.5)
         while not self._closing.is_set():
-            self._wake.wait(interval)
+            expiry = self.members.next_expiry()
+            until_expiry = interval if expiry is None else expiry - self.clock() + 0.005
+            self._wake.wait(min(interval, max(until_expiry, 0.005)))
             self._wake.clear()
             try:
                 self._tick()

@@ -17,9 +17,11 @@ through torch's own rendezvous:
 - on forming, rank 0 broadcasts its whole training state (weights, optimizer, counters, as
   safetensors bytes: no pickle) and its policy version, so survivors that stopped one step
   apart and newcomers that loaded an old checkpoint all continue from the same state;
-- every collective has the group's timeout: a rank that hangs (SIGSTOP) makes the others'
-  collective fail after at most that long, a rank that dies makes it fail at once (its
-  sockets close); either way `GroupError` tells the learner to ask for the next generation.
+- a rank that dies makes the others' collective fail at once (its sockets close); one that
+  hangs (SIGSTOP) is declared dead by the coordinator after its heartbeat timeout, and the
+  others stop waiting for it then (`learner/collectives.py`), or at the latest after the
+  group's own timeout (`learner.collective_timeout_s`); either way `GroupError` tells the
+  learner to ask for the next generation.
 """
 
 from __future__ import annotations
@@ -29,18 +31,18 @@ import datetime
 import logging
 import socket
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from rlfleet.learner.collectives import GroupError, Waiter, never_ends, retire
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.contract.schemas import GroupAssignment
 
 log = logging.getLogger("rlfleet.learner")
 
-
-class GroupError(RuntimeError):
-    """A rendezvous or collective of the current generation failed: re-form the group."""
+__all__ = ["DistReducer", "GroupError", "GroupMember", "choose_backend"]
 
 
 def choose_backend(devices: list[str], nccl_available: bool | None = None) -> str:
@@ -58,16 +60,27 @@ class DistReducer:
     """`Reducer` over one generation's process group: tensors of one dtype travel as one
     flat buffer, so a step's gradients (and whatever statistics ride along) cost one
     all-reduce. Time spent in collectives is counted for `timers/learner/allreduce_ms`.
-    Over NCCL (`device` is then this rank's GPU) host tensors travel through the device."""
+    Over NCCL (`device` is then this rank's GPU) host tensors travel through the device.
+
+    Over gloo the buffer is a copy even of a single tensor: an all-reduce this rank stops
+    waiting for (`waiter`, `learner/collectives.py`) may still complete later, and must not
+    write into the policy's gradients then."""
 
     def __init__(self, pg: dist.ProcessGroup, rank: int, world_size: int,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, waiter: Waiter | None = None) -> None:
         self.pg = pg
         self.rank = rank
         self.world_size = world_size
         self.device = device  # set for NCCL: every tensor must be on this rank's GPU
+        self.waiter = waiter  # None: wait as the backend does (NCCL's own watchdog)
         self.seconds = 0.0
         self.calls = 0
+
+    def _wait(self, work: dist.Work) -> None:
+        if self.waiter is None:
+            work.wait()
+        else:
+            self.waiter.wait(work, "all-reduce")
 
     def sum_(self, tensors: list[torch.Tensor]) -> None:
         t0 = time.perf_counter()
@@ -76,17 +89,19 @@ class DistReducer:
             by_dtype.setdefault(t.dtype, []).append(t)
         try:
             for group in by_dtype.values():
-                if len(group) == 1 and group[0].is_contiguous() and (
-                        self.device is None or group[0].device == self.device):
+                if self.waiter is None and len(group) == 1 and group[0].is_contiguous() \
+                        and group[0].device == self.device:  # NCCL reduces in place
                     self.pg.allreduce([group[0]]).wait()
                     continue
                 flat = torch.cat([t.reshape(-1).to(self.device or t.device) for t in group])
-                self.pg.allreduce([flat]).wait()
+                self._wait(self.pg.allreduce([flat]))
                 start = 0
                 for t in group:
                     n = t.numel()
                     t.copy_(flat[start:start + n].view_as(t))
                     start += n
+        except GroupError:
+            raise
         except (RuntimeError, dist.DistError) as err:
             raise GroupError(f"all-reduce failed: {err}") from err
         finally:
@@ -95,13 +110,18 @@ class DistReducer:
 
 
 class GroupMember:
-    """One learner's side of the group: its store, the current generation's process group."""
+    """One learner's side of the group: its store, the current generation's process group.
+
+    `ended(stalled_s)` tells a rank waiting for a gloo collective whether the coordinator has
+    ended its generation (`learner/collectives.py`); the session sets it."""
 
     def __init__(self, advertise_host: str, port: int = 0, timeout_s: float = 30.0,
                  device: torch.device | None = None) -> None:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.device = device or torch.device("cpu")  # where this rank's policy learns
         self.backend = "gloo"  # of the current generation's reducer
+        self.ended: Callable[[float], bool] = never_ends
+        self._waiter = Waiter()  # the current generation's
         # Listens on every interface; the coordinator tells the others `advertise_host`.
         self.store = dist.TCPStore(advertise_host, port, is_master=True,
                                    wait_for_workers=False, timeout=self.timeout)
@@ -138,6 +158,7 @@ class GroupMember:
         group of one). Raises `GroupError` if the rendezvous times out."""
         self.leave()
         self.assignment = assignment
+        self._waiter = Waiter(self.ended)
         if assignment.rank is None or assignment.world_size <= 1:
             return None
         if assignment.store_addr is None:
@@ -167,7 +188,7 @@ class GroupMember:
                              f"failed: {err}") from err
         self.backend = choose_backend(devices)
         if self.backend == "gloo":
-            return DistReducer(self.pg, rank, size)
+            return DistReducer(self.pg, rank, size, waiter=self._waiter)
         try:  # pragma: no cover - needs a GPU per rank (not on the machines tests run on)
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self.timeout
@@ -189,14 +210,16 @@ class GroupMember:
                 assert state is not None
                 blob = encode_weights(state, {"policy_version": str(policy_version)})
                 header = torch.tensor([len(blob)], dtype=torch.int64)
-                self.pg.broadcast(header, 0).wait()
+                self._waiter.wait(self.pg.broadcast(header, 0), "state broadcast")
                 payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-                self.pg.broadcast(payload, 0).wait()
+                self._waiter.wait(self.pg.broadcast(payload, 0), "state broadcast")
                 return state, policy_version
             header = torch.zeros(1, dtype=torch.int64)
-            self.pg.broadcast(header, 0).wait()
+            self._waiter.wait(self.pg.broadcast(header, 0), "state broadcast")
             payload = torch.empty(int(header[0]), dtype=torch.uint8)
-            self.pg.broadcast(payload, 0).wait()
+            self._waiter.wait(self.pg.broadcast(payload, 0), "state broadcast")
+        except GroupError:
+            raise
         except (RuntimeError, dist.DistError) as err:
             raise GroupError(f"state broadcast failed: {err}") from err
         tensors, meta = decode_weights(payload.numpy().tobytes())
@@ -204,7 +227,9 @@ class GroupMember:
 
     def leave(self) -> None:
         """Drop the current process group (a failed one too): its sockets close, so a rank
-        still waiting in one of its collectives fails at once. The store stays."""
+        still waiting in one of its collectives fails at once. One with a collective left
+        behind in flight is dropped once that ends, off this thread (`retire`). The store
+        stays."""
         self.reducer = None
         nccl, self.nccl = self.nccl, None
         if nccl is not None:  # pragma: no cover - a GPU per rank
@@ -216,6 +241,7 @@ class GroupMember:
                 pg.abort()
             except (RuntimeError, AttributeError, dist.DistError) as err:
                 log.debug("aborting the previous process group: %s", err)
+            retire(pg, self._waiter.left_behind)
             del pg
 
     def close(self) -> None:

@@ -10,7 +10,6 @@ due. Publishing and reporting happen on threads of their own (`Publisher`, `Repo
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
@@ -21,7 +20,7 @@ from rlfleet.learner.group import GroupError
 from rlfleet.learner.onpolicy import merge_obs_stats
 from rlfleet.learner.prefetch import Prefetcher
 from rlfleet.learner.reporter import Reporter
-from rlfleet.learner.training import Training, step_metrics
+from rlfleet.learner.training import Training
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.capabilities import NormalizesObservations
 from rlfleet.shared.contract.schemas import MixShare
@@ -44,8 +43,7 @@ def run_off_policy(t: Training) -> bool:
     # The assignment changes only between generations, on this thread.
     is_publisher = session.is_publisher
     closing, feedback, publisher, timers = t.closing, t.feedback, t.publisher, t.timers
-    stager, gpu = t.stager, t.gpu
-    metrics: dict[str, Any] = {}
+    stager, gpu, window = t.stager, t.gpu, t.window
     tracks_obs = isinstance(policy, NormalizesObservations) and policy.tracks_obs_stats
     scorer = (DatasetScorer(cfg, run_spec(cfg))
               if cfg.eval.dataset is not None and is_publisher else None)
@@ -65,7 +63,9 @@ def run_off_policy(t: Training) -> bool:
             t1, c1 = time.perf_counter(), time.thread_time()
             timers.wait_s += t1 - t0
             if batches is None:
+                t.shortage.waiting()
                 continue
+            t.shortage.fed()
             if tracks_obs:  # algo.obs_norm: the new chunks' counts, before they are learned
                 merge_obs_stats(policy, prefetcher.take_moments())
             # Batch i+1 goes to the device while the GPU computes update i (staging.py).
@@ -81,7 +81,7 @@ def run_off_policy(t: Training) -> bool:
                 stager.done(staged)
                 if i + 1 < len(batches):
                     staged = stager.stage(with_weights(batches[i + 1]))
-                metrics = out.metrics
+                window.add(out.metrics)
                 if batch.item_refs and out.priorities is not None:
                     feedback.add(batch, out.priorities)
                 if is_publisher and policy.train_iterations % publish_every == 0 and \
@@ -93,7 +93,7 @@ def run_off_policy(t: Training) -> bool:
                 # Within a response too: with a large network one response is seconds of
                 # updates, and progress (and priorities) should not wait for its end.
                 if reporter.due(interval):
-                    progress.metrics = step_metrics(policy, metrics)
+                    t.take_metrics()
                     reporter.send(t.learn_info())
             timers.count_update(t1, c1)
             t.maybe_checkpoint()

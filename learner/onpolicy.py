@@ -13,7 +13,7 @@ import time
 
 from rlfleet.learner.group import GroupError
 from rlfleet.learner.rollouts import RolloutFeeder
-from rlfleet.learner.training import Training, step_metrics
+from rlfleet.learner.training import Training
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import NormalizesObservations
 from rlfleet.shared.contract.algo import RolloutSettings
@@ -49,9 +49,11 @@ def run_on_policy(t: Training, buffer: str) -> bool:
         t1, c1 = time.perf_counter(), time.thread_time()
         timers.wait_s += t1 - t0
         if rollout is None:
+            t.shortage.waiting()
             if feeder.consumed and t.report(feeder.take_consumed()):
                 return True  # dropped chunks are reported even when no rollout filled
             continue
+        t.shortage.fed()
         merge_obs_stats(policy, feeder.take_moments())
         data = t.stager.put(rollout.data)  # to the device, frames stacked there
         t.gpu.start()
@@ -63,13 +65,12 @@ def run_on_policy(t: Training, buffer: str) -> bool:
         timers.count_update(t1, c1)
         progress.learn_rounds += 1
         t.maybe_checkpoint()
-        metrics = step_metrics(policy, out.metrics)
-        metrics.update(policy_lag_mean=rollout.lag_mean,
-                       policy_lag_max=float(rollout.lag_max),
-                       dropped_stale_chunks=float(feeder.dropped_chunks),
-                       dropped_stale_rows=float(feeder.dropped_rows),
-                       learn_rounds=float(progress.learn_rounds))
-        progress.metrics = metrics
+        t.window.add(out.metrics)
+        t.take_metrics({"policy_lag_mean": rollout.lag_mean,
+                        "policy_lag_max": float(rollout.lag_max),
+                        "dropped_stale_chunks": float(feeder.dropped_chunks),
+                        "dropped_stale_rows": float(feeder.dropped_rows),
+                        "learn_rounds": float(progress.learn_rounds)})
         if t.report(feeder.take_consumed()):
             return True
     return True

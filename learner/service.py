@@ -137,7 +137,11 @@ class LearnerService(WorkerService):
                                           device=placement.device))
             train = (functools.partial(run_on_policy, training, queues[0]) if policy.on_policy
                      else functools.partial(run_off_policy, training))
-            self.session.run(policy, storage, training.formed, train)
+            try:
+                self.session.run(policy, storage, training.formed, train)
+            except Exception:  # what it learned since the last checkpoint is kept first
+                training.checkpoint_on_the_way_down()
+                raise
             training.finish()
         finally:
             self.session.close()
@@ -150,7 +154,13 @@ class LearnerService(WorkerService):
         return {"train_iterations": float(self.progress.train_iterations),
                 "policy_version": float(self.policy_version),
                 "updates_per_s": round(self._rate(self.progress.train_iterations), 2),
+                "data_wait_s": round(self.data_wait_s(), 1),
                 **self.session.heartbeat_status()}
+
+    def data_wait_s(self) -> float:
+        """Seconds the training loop has waited for data without a break (0 before it
+        trains)."""
+        return self.training.shortage.seconds() if self.training is not None else 0.0
 
     def status(self) -> dict[str, Any]:
         p = self.progress
@@ -167,6 +177,9 @@ class LearnerService(WorkerService):
                 "torch_threads": self.torch_threads,
                 "resumed_from_iteration": p.resumed_from,
                 "last_checkpoint_iteration": p.last_checkpoint,
+                "data_wait_s": round(self.data_wait_s(), 1),
+                "nonfinite_metrics": (self.training.window.nonfinite_total
+                                      if self.training is not None else 0),
                 "dropped_stale_chunks": p.feeder.dropped_chunks if p.feeder else 0,
                 "group": self.session.status(),
                 "device": self.device_status(),

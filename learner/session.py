@@ -7,7 +7,9 @@ training state and policy version, so survivors and newcomers continue from one 
 trains until the generation ends, then asks again. A generation ends when the coordinator
 says so (a heartbeat telling of a newer one, or a 409 to a sample request, which the feeds
 notice) or when one of its collectives fails (`GroupError`, reported as `broken` with the
-next sync so the coordinator re-forms the group).
+next sync so the coordinator re-forms the group). A rank stuck in a collective with a frozen
+rank asks the coordinator while it waits (`generation_ended`), so it stops waiting as soon
+as the coordinator declares the frozen rank dead, not at the collective's timeout.
 
 A group of one trains exactly as a lone learner: no process group, no broadcast. Only the
 publisher (rank 0) publishes policy versions and writes checkpoints.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +42,11 @@ log = logging.getLogger("rlfleet.learner")
 
 SYNC_RETRY_S = 0.5   # after a failed sync: the coordinator may be restarting
 STANDBY_POLL_S = 1.0  # a standby asks again this often for a place
+# A rank waiting this long in a collective asks the coordinator for the group's generation,
+# then every ASK_EVERY_S: ranks step in lockstep, so short waits for a slower rank are normal.
+ASK_AFTER_S = 1.0
+ASK_EVERY_S = 0.2
+ASK_TIMEOUT_S = 1.0
 
 
 class GroupSession:
@@ -57,10 +65,12 @@ class GroupSession:
         self.formations = 0
         self._formed_ok = False  # in a process group of the current assignment
         self._allreduce_s = 0.0  # in collectives of generations before the current one
+        self._asked_at = 0.0  # when a stalled collective last asked the coordinator
 
     def open(self, member: GroupMember) -> None:
         """Take part through `member` (its store listens from now on)."""
         self.member = member
+        member.ended = self.generation_ended
 
     def close(self) -> None:
         if self.member is not None:
@@ -181,6 +191,36 @@ class GroupSession:
         seen = self.generation_seen
         return (self.assignment is not None and seen is not None
                 and seen > self.assignment.generation)
+
+    def generation_ended(self, stalled_s: float) -> bool:
+        """Asked between slices of a wait for a collective (the training thread): whether
+        the coordinator has ended this generation, so the collective may never complete.
+        The last heartbeat's word first; after `ASK_AFTER_S`, the coordinator's own, every
+        `ASK_EVERY_S`: it re-forms the group the moment it declares a frozen rank dead, and
+        the next heartbeat may be a whole interval later. Asking is a sync that names this
+        generation: it changes nothing while the generation goes on."""
+        if self.generation_moved():
+            return True
+        now = time.monotonic()
+        a = self.assignment
+        if a is None or self.member is None or stalled_s < ASK_AFTER_S \
+                or now - self._asked_at < ASK_EVERY_S:
+            return False
+        self._asked_at = now
+        req = GroupSyncRequest(worker_id=self.agent.worker_id,
+                               store_addr=self.member.store_addr, generation=a.generation)
+        try:
+            got = self.agent.client.post(f"{API}/learner-group", req, GroupAssignment,
+                                         retries=0, timeout_s=ASK_TIMEOUT_S)
+        except HttpError as err:  # the coordinator cannot say: the collective's timeout will
+            log.debug("asking for the group's generation: %s", err)
+            return False
+        if got.generation != a.generation or got.epoch != a.epoch:
+            log.info("learner group generation %d ended while this rank waited %.1fs in a "
+                     "collective: now generation %d, %d rank(s)", a.generation, stalled_s,
+                     got.generation, got.world_size)
+            return True
+        return False
 
     def on_heartbeat(self, hb: HeartbeatResponse) -> None:
         if hb.group_generation is not None:

@@ -26,12 +26,14 @@ from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.feedback import PriorityFeedback, updates_from
 from rlfleet.learner.group import GroupError
+from rlfleet.learner.metric_window import MetricStats, MetricWindow, WindowReport
 from rlfleet.learner.placement import Placement
 from rlfleet.learner.prefetch import Prefetcher
 from rlfleet.learner.publisher import PublishConflict, Publisher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.learner.rollouts import RolloutFeeder
 from rlfleet.learner.session import GroupSession
+from rlfleet.learner.shortage import DataShortage
 from rlfleet.learner.staging import GpuClock, Stager
 from rlfleet.learner.timers import LearnerTimers
 from rlfleet.shared.algos.base import Policy
@@ -59,19 +61,18 @@ class Progress:
 
     train_iterations: int = 0
     learn_rounds: int = 0  # on-policy: rollouts learned from
-    metrics: dict[str, float] = field(default_factory=dict)  # the last reported update's
+    metrics: dict[str, float] = field(default_factory=dict)  # the last report's means
     resumed_from: int | None = None  # the train iteration of the checkpoint restored
     last_checkpoint: int = 0  # the train iteration of the last checkpoint saved or restored
     prefetcher: Prefetcher | DataProcess | None = None  # off-policy: this generation's
     feeder: RolloutFeeder | None = None  # on-policy: this generation's (or the last one's)
 
 
-def step_metrics(policy: Policy, metrics: Mapping[str, Any]) -> dict[str, float]:
-    """An update's metrics as floats, with the learning rate of an `Optimized` policy."""
-    out = {k: float(v) for k, v in metrics.items()}
+def learning_rate(policy: Policy) -> dict[str, float]:
+    """The learning rate of an `Optimized` policy, as a metric."""
     if isinstance(policy, Optimized):
-        out["learning_rate"] = float(policy.optimizer.param_groups[0]["lr"])
-    return out
+        return {"learning_rate": float(policy.optimizer.param_groups[0]["lr"])}
+    return {}
 
 
 @dataclass(eq=False)
@@ -94,12 +95,16 @@ class Training:
         torch.device("cpu"), Precision()))
     feedback: PriorityFeedback = field(default_factory=PriorityFeedback)
     dataset_scores: dict[str, float] = field(default_factory=dict)  # eval.dataset, unsent
+    window: MetricWindow = field(default_factory=MetricWindow)  # updates since the report
+    unsent: WindowReport | None = None  # the window, reduced, not yet in a report
     checkpoint_every: int = field(init=False)
+    shortage: DataShortage = field(init=False)  # learner.data_shortage_warn_s
     stager: Stager = field(init=False)
     gpu: GpuClock = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoint_every = self.cfg.checkpoint.every_train_iterations
+        self.shortage = DataShortage(self.cfg.learner.data_shortage_warn_s)
         device = self.placement.device
         self.stager = Stager(device, pin=self.cfg.learner.pin_memory)
         self.gpu = GpuClock(device)
@@ -166,6 +171,54 @@ class Training:
         self.progress.last_checkpoint = iterations
         self.timers.checkpoint_s += time.perf_counter() - t0
 
+    def take_metrics(self, extra: Mapping[str, float] | None = None) -> None:
+        """Reduce the updates since the last report into the next report's metrics (their
+        means become `progress.metrics`); `extra`: figures of the loop's own (a lag, a
+        count), one value each."""
+        report = self.window.take()
+        for key, value in {**learning_rate(self.policy), **(extra or {})}.items():
+            report.stats[key] = MetricStats(value, value, value, 1)
+        if self.unsent is not None:  # an earlier window that no report carried yet
+            report.nonfinite = {k: report.nonfinite.get(k, 0) + self.unsent.nonfinite.get(k, 0)
+                                for k in {*report.nonfinite, *self.unsent.nonfinite}}
+        if report.stats:
+            self.progress.metrics = report.means()
+        self.unsent = report
+
+    def _metric_fields(self) -> dict[str, Any]:
+        """The unsent window's fields of a LearnInfo; each window goes out once, so the
+        coordinator never weighs one update's loss twice."""
+        report, self.unsent = self.unsent, None
+        if report is None:
+            return {}
+        stats = report.stats
+        return {"metrics": {k: v.mean for k, v in stats.items()},
+                "metric_counts": {k: v.count for k, v in stats.items()},
+                "metrics_min": {k: v.min for k, v in stats.items()},
+                "metrics_max": {k: v.max for k, v in stats.items()},
+                "arrays": report.arrays, "nonfinite": report.nonfinite}
+
+    def checkpoint_on_the_way_down(self) -> None:
+        """The learner dies of an exception: save what it learned since the last checkpoint
+        (up to `checkpoint.every_train_iterations` updates) if it still can, so its restart
+        resumes from here. Weights that are no longer finite are not saved over good ones."""
+        if not self.session.is_publisher or self.session.assignment is None:
+            return
+        if self.policy.train_iterations <= self.progress.last_checkpoint:
+            return
+        try:
+            state = self.policy.state_dict()
+            if not all(torch.isfinite(v).all() for v in state.values()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point()):
+                log.warning("no checkpoint on the way down: the weights are not finite")
+                return
+            self.maybe_checkpoint(force=True)
+        except Exception:  # the original error is the one to report
+            log.exception("no checkpoint on the way down")
+            return
+        log.info("checkpoint saved on the way down at train iteration %d",
+                 self.progress.last_checkpoint)
+
     def timers_ms(self) -> dict[str, float]:
         """ms per train iteration since the last report, by phase."""
         feed = self.progress.prefetcher
@@ -185,7 +238,7 @@ class Training:
         try:
             resp = self.agent.client.post(f"{API}/learn-info", LearnInfo(
                 worker_id=self.agent.worker_id, train_iterations=self.policy.train_iterations,
-                policy_version=self.publisher.version, metrics=self.progress.metrics,
+                policy_version=self.publisher.version, **self._metric_fields(),
                 priorities=self.feedback.take(), consumed=consumed,
                 timers=self.timers_ms()), LearnInfoResponse)
         except HttpError as err:
@@ -204,11 +257,11 @@ class Training:
         thread; the body is built there."""
         worker_id, iterations, version = (self.agent.worker_id, self.policy.train_iterations,
                                           self.publisher.version)
-        metrics, priorities, timers = dict(self.progress.metrics), \
+        metrics, priorities, timers = self._metric_fields(), \
             self.feedback.take_arrays(), self.timers_ms()
         scores, self.dataset_scores = self.dataset_scores, {}
         return lambda: LearnInfo(worker_id=worker_id, train_iterations=iterations,
-                                 policy_version=version, metrics=metrics,
+                                 policy_version=version, **metrics,
                                  priorities=updates_from(priorities), consumed=[],
                                  timers=timers, dataset_eval=scores)
 

@@ -113,7 +113,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     done = export_run(args.run_dir, args.out, args.dataset_id, args.source, args.min_return,
                       args.max_return, args.limit, args.episodes, args.greedy)
     print(f"exported {done.episodes} episodes ({done.steps} steps, mean return "
-          f"{done.mean_return:.1f}) from {done.source} as {done.dataset_id} to {done.path}")
+          f"{done.mean_return:.1f}) {done.origin} as {done.dataset_id} to {done.path}")
+    for why in done.passed_over:  # --source auto: the sources tried before this one
+        print(f"  passed over {why}")
     print(f"read it with: MINARI_DATASETS_PATH={Path(args.out).resolve()} python -c "
           f"\"import minari; print(minari.load_dataset('{done.dataset_id}'))\"")
     return 0
@@ -316,12 +318,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="namespace/name-vN (default: rlfleet/<run name>-v0)")
     ex.add_argument("--source", default="auto", choices=("auto", "saved", "snapshot", "policy"),
                     help="the buffer saver's episodes (collector.save_to), a buffer snapshot, "
-                    "or episodes played by the run's best policy")
+                    "or episodes played by the run's best policy; auto (the default): the "
+                    "first of these, in this order, that holds a whole episode")
     ex.add_argument("--episodes", type=int, default=20,
-                    help="--source policy: episodes to play")
+                    help="--source policy (and auto when it falls back to it): episodes to "
+                    "play")
     ex.add_argument("--greedy", action="store_true",
-                    help="--source policy: act as evaluated (deterministic actions) instead of "
-                    "as when collecting (DQN: epsilon at its final value)")
+                    help="--source policy (and auto when it falls back to it): act as "
+                    "evaluated (deterministic actions) instead of as when collecting (DQN: "
+                    "epsilon at its final value)")
     ex.add_argument("--min-return", type=float, default=None,
                     help="keep only episodes that scored at least this")
     ex.add_argument("--max-return", type=float, default=None,

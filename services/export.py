@@ -1,6 +1,6 @@
 """`rlfleet export RUN_DIR --out DIR`: a run's collected data as a Minari dataset.
 
-Two sources:
+Three sources:
 - `saved`: the episodes the run's buffer saver wrote (`collector.save_to`), every whole
   episode every collector made, in order;
 - `snapshot`: the chunks a buffer snapshot in the run's storage refers to. Chunks cut
@@ -11,16 +11,19 @@ Two sources:
   directory), acting as it did when collecting (DQN: epsilon at its final value), or with
   `--greedy` as it is evaluated deterministically: the expert dataset of a solved run, as
   many episodes as asked, where a run that stopped on solving collected only a few at its end.
-`auto` takes `saved` when the run has it. `--min-return` and `--max-return` keep the episodes
-that scored within them, and `--limit N` the first N of those: an expert dataset from a run
-that learned along the way, or its first, random episodes (`minari.combine_datasets` joins
-the two into one of mixed quality).
+`auto` takes the first of them, in that order, that holds a whole episode, so every kind of
+run gives a dataset: an on-policy run's queue keeps no whole episodes and saves none, and
+its dataset is then rolled out from its best policy (`Exported.origin` says so).
+`--min-return` and `--max-return` keep the episodes that scored within them, and `--limit N`
+the first N of those: an expert dataset from a run that learned along the way, or its first,
+random episodes (`minari.combine_datasets` joins the two into one of mixed quality).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,22 +45,36 @@ COLLECTING_ENV_STEP = 2**62
 BEST_POLICY_FILE = "best_policy.safetensors"  # in the run dir: the run's result
 
 
+SOURCES = ("saved", "snapshot", "policy")  # the order `auto` tries them in
+Episodes = Iterable[dict[str, np.ndarray]]
+
+
 @dataclass
 class Exported:
     path: Path
     dataset_id: str
     episodes: int
     steps: int
-    source: str
+    source: str  # one of SOURCES
     mean_return: float
+    origin: str = ""  # where the episodes came from, in words
+    passed_over: list[str] = field(default_factory=list)  # auto: why earlier sources gave none
 
 
-def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool) -> Iterator[dict[str, np.ndarray]]:
-    """The whole episodes of one unpacked chunk."""
+def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool, envs: int = 1
+          ) -> Iterator[dict[str, np.ndarray]]:
+    """The whole episodes of one unpacked chunk. A chunk cut by samples is env-major: `envs`
+    blocks of as many rows, one per env of the collector's vector env. A run in it is a
+    whole episode when it ends done and starts right after an episode's end *in its own
+    env's block*: the row before a block's first row is another env's, and its end says
+    nothing of where this env's episode began (such a run is the tail of an episode)."""
     done = arrays["terminated"] | arrays["truncated"]
+    rows = len(done)
+    block = rows // envs if envs >= 1 and rows % envs == 0 else None
     start = 0
     for end in np.flatnonzero(arrays["cut"]).tolist():
-        after_episode = start > 0 and bool(done[start - 1])
+        after_episode = (block is not None and start % block != 0
+                         and bool(done[start - 1]))
         if done[end] and (whole_chunks or after_episode):
             yield as_episode([run_rows(arrays, start, end)])
         start = end + 1
@@ -81,7 +98,7 @@ def snapshot_episodes(cfg: RunConfig, run_dir: Path) -> Iterator[dict[str, np.nd
             for blob in storage.get_chunks(ids[k:k + 64]):
                 if blob is not None:
                     arrays, _ = decode_arrays(blob)
-                    yield from _runs(unpack(arrays), whole)
+                    yield from _runs(unpack(arrays), whole, cfg.env.num_envs)
     finally:
         storage.close()
 
@@ -175,6 +192,66 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool =
         envs.close()
 
 
+def _saved_dir(cfg: RunConfig, run_dir: Path) -> Path | None:
+    saved = Path(cfg.collector.save_to) if cfg.collector.save_to else None
+    if saved is not None and not saved.is_absolute():
+        saved = run_dir / saved
+    return saved
+
+
+def _opener(source: str, cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool
+            ) -> Callable[[], Episodes]:
+    """What reads `source`'s episodes; its errors (ConfigError) come when it is called or,
+    for snapshot and policy, when the first episode is read."""
+    def saved() -> Episodes:
+        where = _saved_dir(cfg, run_dir)
+        if where is None or not where.is_dir():
+            raise ConfigError(f"{run_dir}: the run saved no episodes (collector.save_to unset "
+                              "or its directory missing)")
+        return read_saved(where)
+
+    openers = {"saved": saved,
+               "snapshot": lambda: snapshot_episodes(cfg, run_dir),
+               "policy": lambda: policy_episodes(cfg, run_dir, episodes, greedy)}
+    if source not in openers:
+        raise ConfigError(f"--source={source!r}: one of auto, {', '.join(SOURCES)}")
+    return openers[source]
+
+
+def _peeked(eps: Episodes) -> Episodes | None:
+    """`eps` whole again after reading its first episode; None when it holds none."""
+    it = iter(eps)
+    first = next(it, None)
+    return None if first is None else itertools.chain([first], it)
+
+
+def _auto(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool
+          ) -> tuple[str, Episodes, list[str]]:
+    """The first source in `SOURCES` order that holds a whole episode, its episodes, and why
+    each one before it was passed over."""
+    passed_over = []
+    for source in SOURCES:
+        try:
+            eps = _peeked(_opener(source, cfg, run_dir, episodes, greedy)())
+        except ConfigError as err:
+            passed_over.append(f"{source}: {err}")
+            continue
+        if eps is not None:
+            return source, eps, passed_over
+        passed_over.append(f"{source}: no whole episodes")
+    raise ConfigError(f"{run_dir}: no source holds a whole episode (" +
+                      "; ".join(passed_over) + ")")
+
+
+def _origin(source: str, cfg: RunConfig, run_dir: Path, greedy: bool) -> str:
+    if source == "saved":
+        return f"from saved episodes ({_saved_dir(cfg, run_dir)})"
+    if source == "snapshot":
+        return "from the buffer snapshot in the run's storage"
+    return (f"rolled out from the best policy ({BEST_POLICY_FILE}, acting "
+            f"{'greedily' if greedy else 'as when collecting'})")
+
+
 def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = None,
                source: str = "auto", min_return: float | None = None,
                max_return: float | None = None, limit: int | None = None,
@@ -186,22 +263,11 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
     if cfg.league is not None:
         raise ConfigError("rlfleet export: self-play runs are two-player games, not Minari's "
                           "single-agent episodes")
-    saved = Path(cfg.collector.save_to) if cfg.collector.save_to else None
-    if saved is not None and not saved.is_absolute():
-        saved = run_dir / saved
+    passed_over: list[str] = []
     if source == "auto":
-        source = "saved" if saved is not None and saved.is_dir() else "snapshot"
-    if source == "saved":
-        if saved is None or not saved.is_dir():
-            raise ConfigError(f"{run_dir}: the run saved no episodes (collector.save_to unset "
-                              "or its directory missing); try --source snapshot")
-        eps: Iterable[dict[str, np.ndarray]] = read_saved(saved)
-    elif source == "snapshot":
-        eps = snapshot_episodes(cfg, run_dir)
-    elif source == "policy":
-        eps = policy_episodes(cfg, run_dir, episodes, greedy)
+        source, eps, passed_over = _auto(cfg, run_dir, episodes, greedy)
     else:
-        raise ConfigError(f"--source={source!r}: one of auto, saved, snapshot, policy")
+        eps = _opener(source, cfg, run_dir, episodes, greedy)()
     returns: list[float] = []
     steps = [0]
 
@@ -228,4 +294,5 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
                                     f"({source}; returns in [{min_return}, {max_return}]"
                                     f"{f', the first {limit}' if limit else ''})")
     return Exported(path, dataset_id, len(returns), steps[0], source,
-                    float(np.mean(returns)) if returns else float("nan"))
+                    float(np.mean(returns)) if returns else float("nan"),
+                    _origin(source, cfg, run_dir, greedy), passed_over)

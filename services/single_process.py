@@ -255,14 +255,17 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
             if games is not None:
                 eval_return = games.evaluate(actor, cfg.seed + steps)
             else:  # success too, where the env reports `info["is_success"]`
-                done = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps)
+                done = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps,
+                                max_steps=cfg.eval.max_steps)
                 eval_return, eval_success = float(np.mean(done.returns)), done.success_rate
             extra = {} if eval_success is None else {"success": eval_success}
+            if games is None:
+                extra["truncated"] = sum(done.truncated)
             if games is None and cfg.eval.stochastic:
                 # the exploring policy's episodes from the same seed, as a collector runs
                 # them for the coordinator: the same evaluation work on both sides
                 explored = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps,
-                                    deterministic=False)
+                                    deterministic=False, max_steps=cfg.eval.max_steps)
                 extra["stochastic_return"] = float(np.mean(explored.returns))
             evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
                                 "return": eval_return, **extra})
@@ -313,6 +316,8 @@ def train_in_dir(cfg: RunConfig, run_dir: Path, progress=None) -> tuple[SingleRe
                "eval/deterministic/return_mean": evaluation["return"]}
         if evaluation.get("success") is not None:
             row["eval/deterministic/success_rate"] = evaluation["success"]
+        if evaluation.get("truncated") is not None:
+            row["eval/deterministic/truncated"] = float(evaluation["truncated"])
         if evaluation.get("stochastic_return") is not None:
             row["eval/stochastic/return_mean"] = evaluation["stochastic_return"]
         metrics.write(json.dumps(row) + "\n")

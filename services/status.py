@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlfleet.shared.contract.schemas import API
@@ -131,4 +132,6 @@ def print_status(coordinator_url: str) -> int:
     for t in s["tasks"]:
         tasks.add_row(t["task_id"], t["kind"], t["worker_id"], t["state"])
     console.print(tasks)
+    for alert in s.get("alerts", []):  # last, where the eye lands: what went wrong quietly
+        console.print(f"[bold red]alert[/] ({alert['kind']}): {escape(alert['message'])}")
     return 0

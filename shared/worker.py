@@ -4,8 +4,11 @@
   coordinator is not up yet) with what the worker has (`shared/infra/resources.py`),
   heartbeats, registers again when a heartbeat gets 404 (the coordinator restarted or
   declared it dead), and leaves on shutdown. A registration the coordinator refuses (a 4xx:
-  a config asking for a GPU this worker lacks, a URL outside its networks, a wrong token)
-  is not tried again: the worker fails with the coordinator's reason.
+  a config asking for a GPU this worker lacks, a URL outside its networks, a wrong token,
+  a worker id a live process at another URL holds) is not tried again: the worker fails
+  with the coordinator's reason. So does a worker whose heartbeat gets 409: another process
+  took its id while it was silent (frozen past the heartbeat timeout), and two processes
+  under one id would take turns at its tasks.
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
   `POST /task`, the same under cheroot (`services/serve.py`) and the pytest client; with a
@@ -50,7 +53,8 @@ TRANSIENT_4XX = frozenset({408, 429})
 
 
 class RegistrationRefused(RuntimeError):
-    """The coordinator refused this worker's registration (`HttpError` carries its answer)."""
+    """The coordinator refused this worker's registration, or its heartbeat (`HttpError`
+    carries its answer): the worker cannot go on under its id."""
 
     def __init__(self, role: Role, err: HttpError) -> None:
         reason = err.body.get("error") if isinstance(err.body.get("error"), str) else str(err)
@@ -146,13 +150,16 @@ class WorkerAgent:
     def _heartbeat(self) -> None:
         try:
             hb = self.client.post(f"{API}/workers/{self.worker_id}/heartbeat",
-                                  HeartbeatRequest(status=self.status()), HeartbeatResponse)
+                                  HeartbeatRequest(status=self.status(),
+                                                   url=self.advertise_url), HeartbeatResponse)
         except HttpError as err:
             if err.status == 404:
                 log.warning("coordinator does not know %s any more: registering again",
                             self.worker_id)
                 self._register()
                 return
+            if err.status == 409:  # superseded: another process holds this id now
+                raise RegistrationRefused(self.role, err) from err
             raise
         if self.on_heartbeat:
             self.on_heartbeat(hb)

@@ -98,6 +98,8 @@ def summarise(status: dict | None, ending: Ending, wall: float, plan: Plan,
         "crash": ending.crash,
         "first_chunk_s_from_launch": startup.first_chunk_s(),
         "startup_s": startup.figures(),
+        # what went wrong quietly: NaN learner metrics, a learner starved of data
+        "alerts": s.get("alerts", []),
     }
 
 

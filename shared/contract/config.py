@@ -282,6 +282,10 @@ class LearnerConfig(Frozen):
     chunk_cache: int = Field(4096, ge=1, description="chunks the learner keeps decoded")
     learn_info_interval_s: float = Field(0.1, gt=0, description="how often the learner "
                                          "reports its metrics, priorities and progress")
+    data_shortage_warn_s: float = Field(60.0, gt=0, description="a learner that has waited "
+                                        "this long for data says so: a warning in its log, "
+                                        "an alert in `rlfleet status`, the dashboard and "
+                                        "summary.json")
     torch_threads: int = Field(1, ge=1, le=256, description="intra-op threads of the "
                                "training thread's torch calls: 1 leaves the other cores to "
                                "collectors; a conv net (Atari) whose collectors mostly wait "
@@ -358,6 +362,13 @@ class EvalConfig(Frozen):
     episodes: int = Field(10, ge=1, le=1000, description="episodes per evaluation (and as "
                           "many again with the exploring policy when stochastic)")
     num_envs: int = Field(10, ge=1, le=1000, description="eval episodes run side by side")
+    max_steps: int | None = Field(
+        100_000, ge=1, description="env steps after which an evaluation episode is cut and "
+        "counted as truncated (eval/<mode>/truncated), so that an env without a time limit "
+        "or a policy that never ends an episode cannot hold a collector's loop for good; the "
+        "env's own time limit still ends episodes sooner. The default lies far beyond the "
+        "limits of gymnasium's envs (CartPole 500, MuJoCo 1000, Atari 27,000 agent steps); "
+        "null: no cap, episodes end only as the env ends them")
     stop_value: float | None = Field(475.0, description="mean deterministic return that ends "
                                      "the run as solved")
     dataset: DatasetEvalConfig | None = Field(None, description="also score the policy on a "
@@ -387,6 +398,11 @@ class ScopeConfig(Frozen):
                                  "many env steps (0: every time it is logged)")
     arrays: Literal["drop", "minmeanmax"] = Field("drop", description="array values: left "
                                                   "out, or reduced to <key>_min/_mean/_max")
+    every_train_iterations: int = Field(0, ge=0, description="train scope only: write it "
+                                        "once per this many train iterations instead of by "
+                                        "env steps (0: by every_env_steps)")
+    min_max: bool = Field(False, description="train scope only: besides each metric's mean "
+                          "over the interval, <key>_min and <key>_max")
 
 
 def _default_scopes() -> dict[str, ScopeConfig]:
@@ -416,16 +432,25 @@ class LoggingConfig(Frozen):
     tensorboard: bool = Field(True, description="TensorBoard event files in <run-dir>/tb/")
     jsonl: bool = Field(True, description="every record as a line of <run-dir>/metrics.jsonl")
     episodes: bool = Field(True, description="every finished episode as a row of "
-                           "episodes.jsonl (about 0.3 KB a row: a run of short episodes left "
-                           "for a week may want it off)")
+                           "episodes.jsonl (about 0.3 KB a row, within episodes_max_mb)")
+    episodes_max_mb: float | None = Field(
+        256.0, gt=0, description="the episode table's size limit in MB (10^6 bytes), rotated "
+        "files included: episodes.jsonl rotates into episodes-<UTC time>.jsonl at an eighth "
+        "of it, and the oldest rotated files are deleted while the table would pass it, so a "
+        "long run keeps its newest episodes (256 MB: about 850,000 rows); null: no limit, one "
+        "file that only grows")
     wandb: WandbConfig = WandbConfig()
 
     @model_validator(mode="after")
     def _known_scopes(self) -> LoggingConfig:
-        for name in self.scopes:
+        for name, scope in self.scopes.items():
             if name not in SCOPES:
                 raise ValueError(f"logging.scopes: unknown scope {name!r}; scopes are "
                                  f"{', '.join(SCOPES)}")
+            for key in ("every_train_iterations", "min_max"):
+                if name != "train" and getattr(scope, key):
+                    raise ValueError(f"logging.scopes.{name}.{key}: only the train scope "
+                                     "has it")
         return self
 
 

@@ -117,7 +117,9 @@ class RegisterRequest(Request):
     url: str = Field(min_length=1, max_length=512, pattern=r"^https?://",
                      description="where the coordinator reaches this worker's HTTP service")
     worker_id: Id | None = Field(None, description="a stable id; registering again under it "
-                                 "after a restart replaces the old entry")
+                                 "from the same URL (a restart) replaces the old entry; from "
+                                 "another URL while the holder still heartbeats and answers "
+                                 "there, 409")
     resources: WorkerResources | None = Field(None, description="what the worker has; a "
                                               "config asking for CUDA (`learner.device`, "
                                               "`collector.device`) refuses a worker that "
@@ -137,6 +139,9 @@ class RegisterResponse(Response):
 
 class HeartbeatRequest(Request):
     status: dict[str, Finite] = Field(default_factory=dict, max_length=64)
+    url: str | None = Field(None, min_length=1, max_length=512, pattern=r"^https?://",
+                            description="the URL this worker registered with: a 409 says "
+                            "another process holds its id now. Absent: not checked")
 
 
 class HeartbeatResponse(Response):
@@ -467,7 +472,20 @@ class LearnInfo(Request):
     worker_id: Id
     train_iterations: Count
     policy_version: Version
-    metrics: dict[str, Finite] = Field(default_factory=dict, max_length=256)
+    metrics: dict[str, Finite] = Field(default_factory=dict, max_length=256, description=
+                                       "each metric's mean over the updates since the last "
+                                       "report (its finite values)")
+    metric_counts: dict[str, Count] = Field(default_factory=dict, max_length=256, description=
+                                            "how many values each mean is of (absent: 1), "
+                                            "to weight reports into a logging interval")
+    metrics_min: dict[str, Finite] = Field(default_factory=dict, max_length=256)
+    metrics_max: dict[str, Finite] = Field(default_factory=dict, max_length=256)
+    arrays: dict[str, Annotated[list[Finite], Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=16, description="array metrics (a value per action, "
+        "say): the last one of the interval, finite elements only")
+    nonfinite: dict[str, Count] = Field(default_factory=dict, max_length=256, description=
+                                        "NaN or infinite values dropped per metric since the "
+                                        "last report")
     priorities: list[PriorityUpdate] = Field(default_factory=list, max_length=64)
     consumed: list[Consumed] = Field(default_factory=list, max_length=64)
     timers: dict[str, Finite] = Field(default_factory=dict, max_length=32, description="ms per "
@@ -502,15 +520,21 @@ class EvalEpisodes(Request):
         "goal-conditioned envs: whether each episode ended in success (its last step's "
         "`info['is_success']`; null where the env did not say); absent when the env reports "
         "no success at all"))
+    truncated: list[StrictBool] | None = Field(None, max_length=100_000, description=(
+        "whether each episode was cut short instead of terminating: by the env's time limit "
+        "or at `eval.max_steps`; absent where the evaluation does not say (self-play games "
+        "always end)"))
 
     @model_validator(mode="after")
     def _same_length(self) -> EvalEpisodes:
         if len(self.returns) != len(self.lengths):
             raise ValueError(f"returns has {len(self.returns)} entries but lengths has "
                              f"{len(self.lengths)}")
-        if self.successes is not None and len(self.successes) != len(self.returns):
-            raise ValueError(f"successes has {len(self.successes)} entries but returns has "
-                             f"{len(self.returns)}")
+        for name in ("successes", "truncated"):
+            flags = getattr(self, name)
+            if flags is not None and len(flags) != len(self.returns):
+                raise ValueError(f"{name} has {len(flags)} entries but returns has "
+                                 f"{len(self.returns)}")
         return self
 
     @property
@@ -558,6 +582,9 @@ class EvalSummary(Response):
     return_max: float
     length_mean: float
     success_rate: SuccessRate = None
+    truncated: int | None = Field(None, description=(
+        "episodes cut short instead of terminating (the env's time limit or `eval.max_steps`),"
+        " logged as eval/<mode>/truncated; null where the report did not say"))
 
 
 class EvaluationResult(Response):
@@ -605,6 +632,8 @@ class ErrorBody(Response):
                                                 "error, as pydantic reports them")
     retry_after_s: float | None = Field(None, description="429: the `Retry-After` header's "
                                         "value, in seconds")
+    holder_url: str | None = Field(None, description="409 about a `worker_id`: the URL of "
+                                   "the live worker that holds it")
 
 
 class CollectPermitRequest(Request):
@@ -873,6 +902,20 @@ class LeagueView(LeagueSummary):
         default_factory=dict, description="per player, (league game, mu, sigma) points")
 
 
+class Alert(Response):
+    """Something the run's user must be told although every request succeeds."""
+
+    kind: Literal["nonfinite_metrics", "data_shortage"]
+    message: str
+    worker_id: str | None = None
+    train_iteration: int | None = Field(None, description="nonfinite_metrics: where the "
+                                        "first such value was reported")
+    metrics: dict[str, int] = Field(default_factory=dict, description="nonfinite_metrics: "
+                                    "values dropped per metric")
+    waited_s: float | None = Field(None, description="data_shortage: seconds the learner has "
+                                   "waited for data")
+
+
 class Status(Response):
     """`GET /status`: the whole run at one glance (`rlfleet status` prints it)."""
 
@@ -894,6 +937,8 @@ class Status(Response):
     learner_group: LearnerGroupStatus
     league: LeagueSummary | None = Field(None, description="self-play runs: the league "
                                          "(without rating histories)")
+    alerts: list[Alert] = Field(default_factory=list, description="what went wrong quietly: "
+                                "a learner's metrics went NaN, a learner starved of data")
 
 
 # -- the run's log records, as a feed (the dashboard's curves) --------------------------------

@@ -70,10 +70,21 @@ class EnvPoolVector(gym.vector.VectorEnv):
                                                               num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        self._obs: np.ndarray | None = None  # the last observations handed out
 
     def reset(self, *, seed: int | list[int] | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        obs, _ = self.pool.reset()
+        """Every env, or (gymnasium's `options={"reset_mask": mask}`) only the masked ones,
+        the others keeping the episodes they are in: an evaluation cuts one env's episode
+        at its step cap this way."""
+        mask = (options or {}).get("reset_mask")
+        if mask is None or self._obs is None:
+            obs, _ = self.pool.reset()
+        else:
+            fresh, got = self.pool.reset(np.flatnonzero(mask))
+            obs = self._obs.copy()
+            obs[np.asarray(got["env_id"])] = fresh
+        self._obs = obs
         return obs, {}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -93,6 +104,7 @@ class EnvPoolVector(gym.vector.VectorEnv):
             fresh, again = self.pool.reset(ids)
             obs = obs.copy()
             obs[np.asarray(again["env_id"])] = fresh
+        self._obs = obs
         return obs, reward.astype(np.float64), terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:

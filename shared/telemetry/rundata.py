@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.shared.telemetry.rotating import table_files
+
 log = logging.getLogger("rlfleet.rundata")
 
 JSONL_NAME = "metrics.jsonl"
@@ -87,13 +89,16 @@ class RunData:
         """The run's episode table (`episodes.jsonl`, written by the coordinator) as a pandas
         DataFrame, one row per finished episode: training episodes, and evaluation episodes
         (`evaluation` true). Reward components become `return_0`, `return_1`, ... columns.
-        Needs pandas (the `tables` extra); a run without the table gives an empty frame."""
+        A table that rotated (`logging.episodes_max_mb`) is read from its parts, oldest
+        first, then from the current file. Needs pandas (the `tables` extra); a run without
+        the table gives an empty frame."""
         try:
             import pandas as pd
         except ImportError as err:
             raise ImportError("load_run(...).episodes needs pandas: pip install "
                               "'rlfleet[tables]'") from err
-        rows = list(read_rows(self.run_dir / EPISODES_NAME))
+        rows = [row for path in table_files(self.run_dir, EPISODES_NAME)
+                for row in read_rows(path)]
         frame = pd.DataFrame(rows, columns=list(EPISODE_COLUMNS) if not rows else None)
         if "return_components" in frame and frame["return_components"].notna().any():
             parts = pd.DataFrame(frame["return_components"].dropna().tolist(),

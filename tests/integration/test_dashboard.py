@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is n
                                 "(make test installs it: .ci/ensure-chromium)")
 
 TOKEN = "dashboard-test-token"
+USERLAND = Path(__file__).resolve().parents[1] / "userland"  # my_rl: a user's own policy
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -66,7 +67,9 @@ def _epsilon_shown(page, worker: str) -> float:
 
 def test_the_dashboard_watches_and_steers_a_live_run(launch, tmp_path: Path):
     # No stop value: the run goes on until the page stops it (or the wall-clock budget).
+    # The user's DQN reports a NaN metric every third update: the page says so.
     config = small_config(tmp_path / "dash.yaml",
+                          algo={"policy": "my_rl:NaNMetricDQN"},
                           eval={"every_env_steps": 1500, "episodes": 2, "num_envs": 2},
                           stop={"max_env_steps": 5_000_000, "max_wall_s": 240},
                           logging={"tensorboard": False,
@@ -76,7 +79,8 @@ def test_the_dashboard_watches_and_steers_a_live_run(launch, tmp_path: Path):
     url = f"http://127.0.0.1:{port}"
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "1", "--run-dir", str(run_dir),
-                "--quiet", "--port", str(port), env={"RLFLEET_TOKEN": TOKEN})
+                "--quiet", "--port", str(port),
+                env={"RLFLEET_TOKEN": TOKEN, "PYTHONPATH": str(USERLAND)})
 
     def answering() -> bool:
         try:
@@ -134,6 +138,9 @@ def test_the_dashboard_watches_and_steers_a_live_run(launch, tmp_path: Path):
                      f"more points on every curve than {first}")
             wait_for(lambda: "±" in page.text_content("#evaluations"), 90,
                      "an evaluation in its table")
+            # What went wrong quietly, above the cards: the policy's NaN metric.
+            page.wait_for_selector("#alerts p[data-kind='nonfinite_metrics']", timeout=30_000)
+            assert "wobble" in page.text_content("#alerts")
             page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
 
             # Pause: collection stops in /status; Resume: it starts again.

@@ -6,6 +6,9 @@ coordinator forgets the collector in the two ways that happen in practice: it is
 worker left (`DELETE /workers/<id>`), and it restarts. Either way the next heartbeat gets 404
 and the collector registers again under the same id, gets a new collect task and reports
 chunks under it. And a task that reaches a worker before its registration finished waits.
+
+One id is one process: a second learner started under the id of a learner that is alive
+exits with the coordinator's refusal, and the first trains on undisturbed.
 """
 
 from __future__ import annotations
@@ -205,3 +208,39 @@ def test_a_task_that_arrives_before_the_registration_answer_waits_for_it(
     _running_task(coordinator, collector, "c1")
     wait_for(lambda: _chunks_accepted(coordinator) > 0, 30, "chunks from the collector")
     assert collector.get("/status")["error"] is None
+
+
+def test_a_second_learner_under_a_live_learners_id_exits_and_the_first_trains_on(
+        processes: Processes, tmp_path: Path):
+    config = small_config(
+        tmp_path / "config.yaml", eval={"every_env_steps": 10_000_000},
+        stop={"max_env_steps": None, "max_wall_s": 150},
+        coordinator={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 5.0})
+    coordinator = _start_coordinator(processes, config, tmp_path / "run")
+    processes.start("collector", "collector", "--coordinator", coordinator.url,
+                    "--worker-id", "c1")
+    first = processes.start("learner", "learner", "--coordinator", coordinator.url,
+                            "--worker-id", "l1")
+
+    def iterations() -> int:
+        return coordinator.get(f"{API}/status")["counters"]["train_iterations"]
+
+    wait_for(lambda: iterations() > 0, 90, "the first learner training")
+    group = coordinator.get(f"{API}/status")["learner_group"]
+    twin = processes.start("twin", "learner", "--coordinator", coordinator.url,
+                           "--worker-id", "l1")
+    code = twin.proc.wait(timeout=90)
+    said = twin.tail(60)
+    assert code != 0, said
+    assert "409" in said and "worker_id='l1'" in said and first.url in said, said
+
+    # the run did not notice: l1 is the first process, registered once, in the same group
+    w = _worker(coordinator, "l1")
+    assert (w["url"], w["registrations"], w["state"]) == (first.url, 1, "alive")
+    now = coordinator.get(f"{API}/status")["learner_group"]
+    assert (now["generation"], now["reformations"]) == (group["generation"],
+                                                        group["reformations"])
+    before = iterations()
+    wait_for(lambda: iterations() > before + 50, 60, "the first learner training on")
+    assert first.proc.poll() is None and first.get("/status")["error"] is None
+    assert "refused" in coordinator.tail(400)

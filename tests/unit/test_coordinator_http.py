@@ -128,6 +128,7 @@ def test_registering_again_under_the_same_id_keeps_one_worker(coordinator, task_
     first = old_sink.wait_task("collect")
     wait_running(c, first["task_id"])
 
+    old_sink.close()  # the old process is gone: nothing answers at its URL
     again = register(c, "collector", new_sink, worker_id="col-1")   # a restart elsewhere
     assert again["worker_id"] == "col-1"
     # the restarted worker gets its own task back, with a new seed so the new

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -296,7 +298,6 @@ def _hang_main(store_addr: str, ready: str) -> None:
     member.form(assign(generation=1, rank=1, world_size=2, store_addr=store_addr,
                                 ranks=["a", "b"], publisher=False))
     Path(ready).write_text("formed")
-    import time
     time.sleep(120)  # never joins a collective: a hung rank
 
 
@@ -323,6 +324,64 @@ def test_a_collective_with_a_hung_rank_fails_after_the_timeout_and_the_group_ref
     finally:
         hung.kill()
         hung.join()
+        member.close()
+
+
+def _frozen_main(store_addr: str, ready: str, go: str, out: str) -> None:
+    Path(ready + ".started").write_text("")
+    member = GroupMember("127.0.0.1", timeout_s=60)
+    member.form(assign(generation=1, rank=1, world_size=2, store_addr=store_addr,
+                       ranks=["a", "b"], publisher=False))
+    Path(ready).write_text("formed")
+    while not Path(go).exists():  # frozen, until the test wakes it
+        time.sleep(0.05)
+    x = torch.ones(3)
+    member.reducer.sum_([x])  # the all-reduce rank 0 left behind completes now
+    save_file({"x": x}, out)
+    member.close()
+
+
+def test_a_rank_stops_waiting_for_a_hung_one_when_its_generation_ends(tmp_path):
+    """The coordinator, not the collective's timeout, decides that a frozen rank is gone:
+    once `ended` says the generation is over, the waiting rank leaves the all-reduce behind
+    at once, re-forms without dropping the old process group on its own thread (whose
+    destructor waits for the collective in flight), and when the frozen rank wakes and
+    completes that all-reduce, the tensors it was given are untouched."""
+    member = GroupMember("127.0.0.1", timeout_s=60)
+    member.ended = lambda stalled_s: stalled_s >= 0.5
+    ready, go, out = (str(tmp_path / name) for name in ("ready", "go", "x.safetensors"))
+    frozen = mp.get_context("spawn").Process(target=_frozen_main,
+                                             args=(member.store_addr, ready, go, out))
+    frozen.start()
+    try:
+        wait_for(lambda: Path(ready + ".started").exists(), 60, what="rank 1 started")
+        reducer = member.form(assign(generation=1, rank=0, world_size=2,
+                                     store_addr=member.store_addr, ranks=["a", "b"],
+                                     publisher=True))
+        wait_for(lambda: Path(ready).exists(), 60, what="rank 1 formed")
+        x = torch.ones(3)
+        t0 = time.monotonic()
+        with pytest.raises(GroupError, match="all-reduce abandoned"):
+            reducer.sum_([x])
+        assert time.monotonic() - t0 < 5  # not the group's 60 s timeout
+        t0 = time.monotonic()
+        assert member.form(assign(generation=2, rank=0, world_size=1,
+                                  store_addr=member.store_addr, ranks=["a"],
+                                  publisher=True)) is None
+        assert time.monotonic() - t0 < 5
+        assert any(t.name == "retired-process-group" for t in threading.enumerate())
+
+        Path(go).write_text("")  # rank 1 wakes and completes the abandoned all-reduce
+        frozen.join(timeout=60)
+        assert frozen.exitcode == 0
+        assert load_file(out)["x"].tolist() == [2.0, 2.0, 2.0]
+        assert x.tolist() == [1.0, 1.0, 1.0]  # what rank 0 gave it is left alone
+        wait_for(lambda: not any(t.name == "retired-process-group"
+                                 for t in threading.enumerate()), 10,
+                 what="the retired process group dropped")
+    finally:
+        frozen.kill()
+        frozen.join()
         member.close()
 
 

@@ -63,6 +63,33 @@ def test_rollouts_on_envpool_pack_and_rebuild_exactly():
         envs.close()
 
 
+class _Left:
+    """Pushes CartPole's cart left: it falls after about 9 steps, never within 3."""
+
+    version = 0
+
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        return np.zeros(len(obs), dtype=np.int64)
+
+
+def test_an_evaluation_cut_at_its_cap_resets_only_the_cut_envs():
+    """CartPole never ends in 3 steps: every episode is cut at `max_steps`, its env alone
+    reset by mask, and the evaluation ends."""
+    from rlfleet.collector.rollout import evaluate
+
+    cfg = EnvConfig(id="CartPole-v1", num_envs=3, backend="envpool")
+    envs = make_vector_env(cfg, 3, seed=0)
+    try:
+        done = evaluate(envs, _Left(), 5, seed=0, max_steps=3)
+        obs, _ = envs.reset()
+        kept = obs.copy()
+        again, _ = envs.reset(options={"reset_mask": np.array([False, True, False])})
+        np.testing.assert_array_equal(again[[0, 2]], kept[[0, 2]])
+    finally:
+        envs.close()
+    assert done.lengths == [3] * 5 and done.truncated == [True] * 5
+
+
 def test_mujoco_on_envpool_has_gymnasiums_spec_and_clips_actions():
     cfg = EnvConfig(id="Hopper-v5", num_envs=2, backend="envpool")
     assert env_spec(cfg) == env_spec(EnvConfig(id="Hopper-v5"))

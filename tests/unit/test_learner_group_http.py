@@ -1,13 +1,20 @@
 """The learner group over HTTP, against a real coordinator process: joining, the shards a
-rank gets, the answers to requests of an ended generation, and where the group shows
-(/status, /metrics, `rlfleet status`)."""
+rank gets, the answers to requests of an ended generation, what a rank stuck in a collective
+asks, and where the group shows (/status, /metrics, `rlfleet status`)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import requests
+
+from rlfleet.learner.group import GroupMember
+from rlfleet.learner.publisher import Publisher
+from rlfleet.learner.session import GroupSession
+from rlfleet.shared.contract.schemas import GroupAssignment, Role
+from rlfleet.shared.worker import WorkerAgent
 
 from .helpers import (
     HTTP,
@@ -18,6 +25,7 @@ from .helpers import (
     post,
     register,
     report,
+    wait_for,
     wait_running,
     write_chunk,
 )
@@ -95,15 +103,13 @@ def test_a_rank_that_does_not_answer_is_left_out_when_a_collective_fails(coordin
     c = coordinator()
     col_sink = task_sink()
     register(c, "collector", col_sink)
-    for name in ("la", "lb"):
-        register(c, "learner", task_sink(), worker_id=name)
+    sinks = {name: task_sink() for name in ("la", "lb")}
+    for name, sink in sinks.items():
+        register(c, "learner", sink, worker_id=name)
     join(c, "la")
     join(c, "lb")
     # lb's process stops answering (killed, or hung): its sink is shut down
-    dead = task_sink()
-    register(c, "learner", dead, worker_id="lb")  # lb again, at the dead sink's address
-    join(c, "lb")
-    dead.close()
+    sinks["lb"].close()
     g = get(c, "/status")["learner_group"]
     assert [r["worker_id"] for r in g["ranks"]] == ["la", "lb"]
     again = join(c, "la", generation=g["generation"], broken="connection closed by peer")
@@ -155,3 +161,35 @@ def test_the_group_shows_in_metrics_and_in_rlfleet_status(coordinator, task_sink
     assert out.returncode == 0, out.stderr
     assert "learner group: generation 2, world size 2" in out.stdout
     assert "lb" in out.stdout and "0.50" in out.stdout
+
+
+def test_a_rank_stuck_in_a_collective_asks_and_learns_its_generation_ended(coordinator,
+                                                                          task_sink):
+    """What a rank waiting for a frozen peer asks between slices of its wait: nothing while
+    waits are short (lockstep ranks wait for each other all the time), then the coordinator,
+    whose answer says when the generation has ended."""
+    c = coordinator()
+    sinks = {name: task_sink() for name in ("la", "lb")}
+    agent = WorkerAgent(c.url, Role.LEARNER, sinks["la"].url, "la").start()
+    agent.wait_registered(10)
+    register(c, "learner", sinks["lb"], worker_id="lb")
+    session = GroupSession(agent, Publisher(threading.Event()), threading.Event())
+    member = GroupMember("127.0.0.1", timeout_s=5)
+    try:
+        session.open(member)
+        assert member.ended == session.generation_ended
+        join(c, "la", store=member.store_addr)
+        generation = join(c, "lb")["generation"]
+        session.assignment = GroupAssignment(**join(c, "la", generation=generation,
+                                                    store=member.store_addr))
+        assert (session.assignment.rank, session.assignment.world_size) == (0, 2)
+        asked = len(get(c, "/status")["learner_group"]["history"])
+        assert not session.generation_ended(0.5)  # a short wait: nothing asked
+        assert not session.generation_ended(1.5)  # asked: the generation goes on
+        assert len(get(c, "/status")["learner_group"]["history"]) == asked  # unchanged
+        ok(HTTP.delete(c.api("/workers/lb"), timeout=TIMEOUT))  # lb is gone
+        wait_for(lambda: session.generation_ended(2.0), timeout_s=5,
+                 what="the ended generation seen")
+    finally:
+        member.close()
+        agent.close()

@@ -22,7 +22,7 @@ from rlfleet.learner.group import GroupError
 from rlfleet.learner.publisher import PublishConflict
 from rlfleet.learner.session import GroupSession
 from rlfleet.learner.timers import LearnerTimers, UpdateRate
-from rlfleet.learner.training import Progress, Training, step_metrics
+from rlfleet.learner.training import Progress, Training, learning_rate
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.schemas import (
     Consumed,
@@ -410,34 +410,45 @@ def test_a_report_marks_the_best_checkpoint_and_says_when_the_run_is_over(tmp_pa
         "learn-info": LearnInfoResponse(stop=True, best_policy_version=2)})
     t.policy.train_iterations = 10
     t.checkpoints.save(t.policy.state_dict(), 10, 1)
-    t.progress.metrics = {"loss": 1.0}
+    t.window.add({"loss": torch.tensor(1.0)})
+    t.take_metrics()
     assert t.report() is True
     assert t.checkpoints.best == "ckpt-000000000010"
     (body,) = t.agent.client.bodies("learn-info")
     assert (body.train_iterations, body.metrics, body.consumed) == (10, {"loss": 1.0}, [])
+    assert body.metric_counts == {"loss": 1}
+    t.report()  # no update since: the same loss is not reported (and weighed) twice
+    assert t.agent.client.bodies("learn-info")[-1].metrics == {}
+    assert t.progress.metrics == {"loss": 1.0}  # /status still shows the last means
 
 
 def test_a_report_snapshot_takes_the_dataset_scores_once(tmp_path):
     t = make_training(tmp_path)
     t.policy.train_iterations = 4
     t.dataset_scores = {"action_accuracy": 0.75}
-    t.progress.metrics = {"loss": 2.0}
+    t.window.add({"loss": 2.0})
+    t.take_metrics()
     build = t.learn_info()
-    t.progress.metrics["loss"] = 3.0  # the training thread moves on: the snapshot does not
+    t.window.add({"loss": 3.0})  # the training thread moves on: the snapshot does not
+    t.take_metrics()
     info = build()
     assert isinstance(info, LearnInfo) and info.metrics == {"loss": 2.0}
     assert info.dataset_eval == {"action_accuracy": 0.75} and t.dataset_scores == {}
     assert t.learn_info()().dataset_eval == {}
 
 
-def test_step_metrics_add_the_learning_rate_of_an_optimized_policy():
-    assert step_metrics(CountingPolicy(), {"loss": torch.tensor(0.5)}) == {"loss": 0.5}
+def test_reports_carry_the_learning_rate_of_an_optimized_policy(tmp_path):
+    assert learning_rate(CountingPolicy()) == {}
 
     class WithOptimizer(CountingPolicy):
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
 
-    got = step_metrics(WithOptimizer(), {"loss": 1})
-    assert got == pytest.approx({"loss": 1.0, "learning_rate": 0.01})
+    assert learning_rate(WithOptimizer()) == pytest.approx({"learning_rate": 0.01})
+    t = make_training(tmp_path)
+    t.policy = WithOptimizer()
+    t.window.add({"loss": 1})
+    t.take_metrics()
+    assert t.progress.metrics == pytest.approx({"loss": 1.0, "learning_rate": 0.01})
 
 
 # -- the off-policy loop ---------------------------------------------------------------------

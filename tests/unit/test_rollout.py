@@ -211,7 +211,8 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     envs = make_vector_env(EnvConfig(id="my_rl:LengthByIndex", num_envs=num_envs),
                            num_envs, seed=0)
     try:
-        returns, lengths, successes = evaluate(envs, RandomPolicy(0), episodes, seed=1)
+        returns, lengths, successes, truncated = evaluate(envs, RandomPolicy(0), episodes,
+                                                          seed=1)
     finally:
         envs.close()
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
@@ -220,8 +221,64 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     assert returns == [float(m) for m in lengths]  # reward 1 per step
     assert len(returns) == episodes
     assert successes == [None] * episodes  # the env reports no `is_success`
+    assert truncated == [False] * episodes  # every episode terminated
     mean = sum(2 * (i + 1) * q for i, q in enumerate(quota)) / episodes
     assert float(np.mean(returns)) == pytest.approx(mean)
+
+
+class _Watching:
+    """Acts 1 (pays 1 on `endless:Endless`) and keeps every observation it acts on."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.seen: list[np.ndarray] = []
+
+    def act_eval(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        self.seen.append(obs.copy())
+        return np.ones(obs.shape[0], dtype=np.int64)
+
+
+@pytest.mark.parametrize("backend", ["sync", "async"])
+def test_an_episode_that_never_ends_is_cut_at_the_cap_and_counted_truncated(
+        monkeypatch, backend):
+    """No terminal state and no time limit: without the cap this evaluation never returns.
+    Each cut env starts a fresh episode at once, alone."""
+    monkeypatch.syspath_prepend(str(USERLAND))
+    monkeypatch.setenv("PYTHONPATH", str(USERLAND))  # async: the envs' own processes
+    envs = make_vector_env(EnvConfig(id="endless:Endless", num_envs=3, backend=backend),
+                           3, seed=0)
+    policy = _Watching()
+    try:
+        done = evaluate(envs, policy, 7, seed=1, max_steps=5)
+    finally:
+        envs.close()
+    assert done.lengths == [5] * 7 and done.returns == [5.0] * 7
+    assert done.truncated == [True] * 7
+    steps = np.stack([obs[:, 0] for obs in policy.seen])  # (vector steps, envs)
+    assert steps.max() == pytest.approx(0.004)  # never acted past step 4 of an episode
+    # env 0 runs three episodes: it starts again from step 0 every 5 steps
+    assert np.allclose(steps[:15, 0], np.tile(np.arange(5) / 1000, 3))
+
+
+def test_the_cap_cuts_only_episodes_still_running_at_it(monkeypatch):
+    """Env i's episodes last 2(i+1) steps: with the cap at 4, env 0 (2 steps) and env 1 (4:
+    its end at the cap is its own) terminate; env 2 (6) is cut."""
+    monkeypatch.syspath_prepend(str(USERLAND))
+    import my_rl
+
+    my_rl.LengthByIndex.made = 0
+    envs = make_vector_env(EnvConfig(id="my_rl:LengthByIndex", num_envs=3), 3, seed=0)
+    try:
+        done = evaluate(envs, RandomPolicy(0), 6, seed=1, max_steps=4)
+        uncapped = evaluate(envs, RandomPolicy(0), 6, seed=1, max_steps=None)
+    finally:
+        envs.close()
+    by_length = sorted(zip(done.lengths, done.truncated, strict=True))
+    assert by_length == [(2, False), (2, False), (4, False), (4, False), (4, True), (4, True)]
+    assert sorted(uncapped.lengths) == [2, 2, 4, 4, 6, 6] and not any(uncapped.truncated)
+    with pytest.raises(ValueError, match="eval.max_steps=0"):
+        evaluate(envs, RandomPolicy(0), 1, seed=1, max_steps=0)
 
 
 @pytest.mark.parametrize("mode", ["samples", "episodes"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -175,3 +176,29 @@ def _evaluating() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+class NaNMetricDQN(DQN):
+    """DQN whose every third update reports a NaN `wobble` (1.0 otherwise) and every update a
+    `q_per_action` array, as a user's policy might: the learner must deliver its reports
+    anyway, count the NaNs and pass the array to the logger."""
+
+    def learn(self, batch, weights=None):
+        out = super().learn(batch, weights)
+        n = self.train_iterations
+        out.metrics["wobble"] = torch.tensor(float("nan") if n % 3 == 0 else 1.0)
+        out.metrics["q_per_action"] = torch.tensor([1.0, 2.0, float(n % 5)])
+        return out
+
+
+class CrashingDQN(DQN):
+    """DQN whose update raises once per run, at train iteration `algo.params.crash_at`; the
+    file `algo.params.marker` records that it did, so the restarted learner trains on."""
+
+    def learn(self, batch, weights=None):
+        marker = Path(self.cfg.params["marker"])
+        if self.train_iterations + 1 >= int(self.cfg.params["crash_at"]) and \
+                not marker.exists():
+            marker.write_text(str(self.train_iterations))
+            raise RuntimeError("the user's update broke")
+        return super().learn(batch, weights)

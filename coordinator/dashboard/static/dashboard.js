@@ -160,6 +160,7 @@
     onSignedIn();
     state.status = s;
     renderRun(s);
+    renderAlerts(s.alerts || []);
     renderSummary(s);
     renderEvaluations(s);
     renderLedger(s.ledger);
@@ -239,6 +240,18 @@
     $("stop").disabled = stopped;
     $("scale").disabled = stopped;
     document.body.dataset.state = run.state;  // for tests and user styles
+  }
+
+  // What went wrong quietly (NaN learner metrics, a learner starved of data): above the
+  // cards, one line each, gone when the coordinator no longer reports it.
+  function renderAlerts(alerts) {
+    const box = $("alerts");
+    box.replaceChildren(...alerts.map((a) => {
+      const p = el("p", a.message, "alert");
+      p.dataset.kind = a.kind;
+      return p;
+    }));
+    box.hidden = !alerts.length;
   }
 
   function card(label, value) {
