@@ -16,7 +16,7 @@ PY313      ?= python3.13
 VENV313    ?= .venv313
 STAMP313   := $(VENV313)/.installed-stamp
 # Every extra: each has wheels for 3.13.
-EXTRAS313  ?= dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs,notebook,server
+EXTRAS313  ?= dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs,notebook,server,mlflow
 # What it runs there: the unit suite, the wheel's tests, and the must-show test (the wheel in a
 # fresh 3.13 venv that already has a torch; RLFLEET_PY313 selects it). The whole suite on 3.13:
 #   make test-py313 PY313_TESTS='tests' PY313_ARGS=
@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 $(GAMES): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) $(PIP_INSTALL) -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs]'
+	$(PY) $(PIP_INSTALL) -e '.[dev,games,atari,mujoco,envpool,datasets,browser,video,tables,docs,mlflow]'
 	$(COMPILE)
 	@touch $(STAMP) $(GAMES)
 

@@ -30,13 +30,15 @@ from rlfleet.shared.contract.schemas import (
     CollectPermitResponse,
     CollectTask,
 )
-from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerAgent
 
 if TYPE_CHECKING:
+    import gymnasium as gym
+
     from rlfleet.collector.battle import BattleRollout, OpponentPool
 
 log = logging.getLogger("rlfleet.collector")
@@ -88,8 +90,11 @@ class CollectLoop:
         # Nothing to collect for: evaluations only (an offline run's evaluator, or a run
         # whose every buffer is a read-only dataset).
         self.evaluate_only = evaluate_only or not cfg.receiving_buffers
+        # The task's env settings (the run's commander) the envs were made with.
+        self.env_settings = (task.env_kwargs, task.level_seeds)
+        self.env_rebuilds = 0
         self.envs = (None if self.battle or self.evaluate_only
-                     else make_vector_env(cfg.env, cfg.env.num_envs, task.seed))
+                     else self._make_envs(task, task.seed))
         self.saver = (EpisodeSaver(cfg.collector.save_to, agent.worker_id or "collector",
                                    cfg.env.num_envs, cfg.collector.mode)
                       if cfg.collector.save_to and not self.evaluate_only else None)
@@ -121,6 +126,7 @@ class CollectLoop:
                 if self.adder.throttle.is_set() and not wait_for_permit(
                         self.agent, self.adder, self.closing):
                     continue
+                self._follow_env_settings()
                 self.acting.refresh()
                 if self._needs_published_policy():
                     self.closing.wait(0.05)
@@ -154,6 +160,33 @@ class CollectLoop:
         if self.rollout is None and not self.evaluate_only:
             self.rollout = self._make_rollout()
         return True
+
+    def _make_envs(self, task: CollectTask, seed: int) -> gym.vector.VectorEnv:
+        """The run's envs with the task's env settings (the run's commander)."""
+        return make_vector_env(with_env_kwargs(self.cfg.env, task.env_kwargs),
+                               self.cfg.env.num_envs, seed, task.level_seeds)
+
+    def _follow_env_settings(self) -> None:
+        """The coordinator pushed the collect task again with other env settings (its
+        commander changed them): make the envs again, and the rollout over them, between
+        two chunks. Episodes under way in the old envs are dropped."""
+        task = self.inbox.collect
+        if task is None or self.envs is None:
+            return
+        wanted = (task.env_kwargs, task.level_seeds)
+        if wanted == self.env_settings:
+            return
+        self.env_rebuilds += 1
+        log.info("env settings changed: making the envs again with kwargs %s%s",
+                 task.env_kwargs, "" if task.level_seeds is None
+                 else f" and {len(task.level_seeds)} level seeds")
+        self.envs.close()
+        self.envs = self._make_envs(task, task.seed + 7_919 * self.env_rebuilds)
+        self.env_settings = wanted
+        if self.rollout is not None:
+            env_steps = self.rollout.env_steps
+            self.rollout = self._make_rollout()
+            self.rollout.env_steps = env_steps
 
     def _make_rollout(self) -> Rollout | BattleRollout:
         task, policy = self.task, self.acting.policy

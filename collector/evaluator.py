@@ -23,7 +23,7 @@ from rlfleet.shared.contract.schemas import (
     EvaluationReport,
     VideoReport,
 )
-from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import (
     Storage,
@@ -66,6 +66,7 @@ class Evaluator:
         self.agent = agent
         self.counters = counters
         self._envs: gym.vector.VectorEnv | None = None
+        self._env_kwargs: dict = {}  # the env settings `_envs` were made with
         self._video_off = False
 
     def run(self, task: EvaluateTask, acting: Acting, pool: OpponentPool | None = None
@@ -89,9 +90,12 @@ class Evaluator:
     # -- episodes ---------------------------------------------------------------------------
 
     def _envs_for(self, task: EvaluateTask) -> gym.vector.VectorEnv:
-        if self._envs is None or self._envs.num_envs != task.num_envs:
+        if self._envs is None or self._envs.num_envs != task.num_envs \
+                or self._env_kwargs != task.env_kwargs:
             self.close()
-            self._envs = make_vector_env(self.cfg.env, task.num_envs, task.seed)
+            self._envs = make_vector_env(with_env_kwargs(self.cfg.env, task.env_kwargs),
+                                         task.num_envs, task.seed)
+            self._env_kwargs = task.env_kwargs  # the commander's evaluation settings
         return self._envs
 
     def _episodes(self, task: EvaluateTask, acting: Acting) -> None:
@@ -101,13 +105,15 @@ class Evaluator:
         policy = acting.for_evaluation(task.policy_version)
         runs = {}
         for deterministic in (True, False) if task.stochastic else (True,):
+            ev = self.cfg.eval
             done = evaluate(envs, policy, task.episodes, task.seed, deterministic,
-                            self.cfg.eval.max_steps)
+                            ev.max_steps, tuple(ev.info_keys), ev.episode_return_key)
             # successes only from envs that report them: any other env's report has none
             known = any(s is not None for s in done.successes)
             runs["deterministic" if deterministic else "stochastic"] = EvalEpisodes(
                 returns=done.returns, lengths=done.lengths,
-                successes=done.successes if known else None, truncated=done.truncated)
+                successes=done.successes if known else None, truncated=done.truncated,
+                info=done.infos)
         self.counters.evaluations += 1
         try:
             video = self._record(task, policy) if task.video else None
@@ -127,7 +133,8 @@ class Evaluator:
         from rlfleet.shared.telemetry.video import VideoUnavailable
 
         try:
-            rec = record(self.cfg.env, policy, video, task.seed)
+            rec = record(with_env_kwargs(self.cfg.env, task.env_kwargs), policy, video,
+                         task.seed)
         except VideoUnavailable as err:
             self._video_off = True
             log.warning("no evaluation videos from this collector: %s", err)

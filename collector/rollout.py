@@ -28,7 +28,7 @@ import numpy as np
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent, SeededActing
 from rlfleet.shared.contract.schemas import GameRecord, success_rate
-from rlfleet.shared.envs.goals import episode_success
+from rlfleet.shared.envs.goals import episode_info, episode_success
 from rlfleet.shared.envs.make import final_next_obs, reward_components
 from rlfleet.shared.util.moments import RunningMoments
 
@@ -303,6 +303,7 @@ class Evaluated(NamedTuple):
     lengths: list[int]
     successes: list[bool | None]
     truncated: list[bool]
+    infos: dict[str, list[float | None]] = {}  # eval.info_keys: each episode's final value
 
     @property
     def success_rate(self) -> float | None:
@@ -310,7 +311,8 @@ class Evaluated(NamedTuple):
 
 
 def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
-             deterministic: bool = True, max_steps: int | None = None) -> Evaluated:
+             deterministic: bool = True, max_steps: int | None = None,
+             info_keys: tuple[str, ...] = (), return_key: str | None = None) -> Evaluated:
     """Run exactly `episodes` episodes spread evenly over the envs (env i runs episodes i,
     i+n, ...), so short episodes cannot crowd out long ones in the mean (the bias of
     counting whichever episodes finish first). Its random draws come from `seed`, not from
@@ -318,11 +320,17 @@ def evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: in
 
     An episode still running after `max_steps` env steps (`eval.max_steps`) ends there as
     truncated and its env is reset alone: an env without a time limit, or a policy that
-    never ends an episode, would otherwise hold the caller's thread for good."""
+    never ends an episode, would otherwise hold the caller's thread for good.
+
+    `info_keys` (`eval.info_keys`): numbers each episode's final step reports in its info,
+    kept per episode. `return_key` (`eval.episode_return_key`): an episode's return is what
+    its final info says there (an env or wrapper that knows the true score, under clipped or
+    shaped rewards), the sum of rewards where it says nothing."""
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"eval.max_steps={max_steps}: expected a positive step count or null")
     with _own_randomness(policy, seed):
-        return _evaluate(envs, policy, episodes, seed, deterministic, max_steps)
+        return _evaluate(envs, policy, episodes, seed, deterministic, max_steps,
+                         tuple(info_keys), return_key)
 
 
 @contextlib.contextmanager
@@ -353,13 +361,14 @@ def _own_randomness(policy: Policy, seed: int) -> Iterator[None]:
 
 
 def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: int,
-              deterministic: bool, max_steps: int | None) -> Evaluated:
+              deterministic: bool, max_steps: int | None, info_keys: tuple[str, ...],
+              return_key: str | None) -> Evaluated:
     n = envs.num_envs
     quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     obs, _ = envs.reset(seed=seed)
     ep_return = np.zeros(n)
     ep_length = np.zeros(n, dtype=np.int64)
-    out = Evaluated([], [], [], [])
+    out = Evaluated([], [], [], [], {key: [] for key in info_keys})
     # algo.obs_norm: the version's statistics
     pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
     recurrent = isinstance(policy, Recurrent)
@@ -381,7 +390,10 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
         if recurrent and (done | capped).any():
             policy.reset_state(np.flatnonzero(done | capped), evaluation=True)
         for i in np.flatnonzero((done | capped) & active):
-            out.returns.append(float(ep_return[i]))
+            reported = episode_info(info, i, return_key) if return_key else None
+            out.returns.append(float(ep_return[i]) if reported is None else reported)
+            for key in info_keys:
+                out.infos[key].append(episode_info(info, i, key))
             out.lengths.append(int(ep_length[i]))
             out.successes.append(episode_success(info, i))
             out.truncated.append(not bool(terminated[i]))

@@ -32,7 +32,7 @@ class Recording:
 def record(env_cfg: EnvConfig, policy: Policy, video: VideoConfig, seed: int) -> Recording:
     """`video.episodes` greedy episodes, at most `video.max_frames` frames in all."""
     try:
-        env = make_render_env(env_cfg)
+        env = make_render_env(env_cfg, video.render_kwargs)
     except Exception as err:  # an env that cannot be made to render
         raise VideoUnavailable(f"cannot make {env_cfg.id} with render_mode='rgb_array': "
                                f"{err}") from err

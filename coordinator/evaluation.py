@@ -21,6 +21,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,9 @@ def summarise_episodes(episodes: EvalEpisodes) -> EvalSummary:
                        length_mean=float(np.mean(episodes.lengths)),
                        success_rate=episodes.success_rate,
                        truncated=(None if episodes.truncated is None
-                                  else sum(episodes.truncated)))
+                                  else sum(episodes.truncated)),
+                       info={key: float(np.mean(known)) for key, values in episodes.info.items()
+                             if (known := [v for v in values if v is not None])})
 
 
 def battle_rates(outcomes: list[BattleOutcome]) -> dict[str, dict[str, float]]:
@@ -87,8 +90,10 @@ class EvaluationSchedule:
                  run_dir: Path | None, push: Callable[[TaskRecord], None],
                  battles: Callable[[], list[Opponent]] | None = None,
                  solves: Callable[[EvaluationResult], str | None] | None = None,
-                 show_video: ShowVideo | None = None) -> None:
+                 show_video: ShowVideo | None = None,
+                 env_kwargs: Callable[[], dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
+        self._env_kwargs = env_kwargs  # the commander's env settings of an evaluation
         self.tasks = tasks
         self.members = members
         self.storage = storage
@@ -138,7 +143,8 @@ class EvaluationSchedule:
                             num_envs=min(ev.num_envs, ev.episodes),
                             seed=self.cfg.seed * 7919 + self._rr,
                             stochastic=ev.stochastic and self._battles is None,
-                            battles=self._battles() if self._battles else [], video=video)
+                            battles=self._battles() if self._battles else [], video=video,
+                            env_kwargs=self._env_kwargs() if self._env_kwargs else {})
         if ev.every_env_steps is not None:
             self.next_eval_at = env_steps + ev.every_env_steps
         if ev.every_train_iterations is not None:

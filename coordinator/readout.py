@@ -211,9 +211,11 @@ class Readout:
         out.update({f"train/{k}": v for k, v in self.state.learner_metrics.items()})
         for mode in ("deterministic", "stochastic"):
             summary = getattr(latest, mode) if latest is not None else None
-            for key, value in (summary.model_dump() if summary else {}).items():
+            for key, value in (summary.model_dump(exclude={"info"}) if summary else {}).items():
                 if value is not None:  # success_rate of an env without `is_success`
                     out[f"eval/{mode}/{key}"] = value
+            for key, value in (summary.info if summary else {}).items():  # eval.info_keys
+                out[f"eval/{mode}/info/{key}"] = value
         return out
 
     def status(self) -> Status:

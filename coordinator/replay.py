@@ -30,6 +30,7 @@ from rlfleet.coordinator.buffers import (
 from rlfleet.coordinator.buffers.dataset import DatasetBuffer
 from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.coordinator.buffers.queue import QueueBuffer
+from rlfleet.coordinator.buffers.ring import PrioritizedBuffer
 from rlfleet.coordinator.buffers.sequence import SequenceBuffer
 from rlfleet.shared.contract.algo import PrioritySettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
@@ -48,6 +49,15 @@ class UnknownBuffer(KeyError):
 
     def __str__(self) -> str:
         return f"buffer '{self.name}' does not exist"
+
+
+class ReadOnlyBuffer(ValueError):
+    """A dataset buffer: its items are its dataset, never cleared or loaded into."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"buffer '{name}' is a dataset buffer: its items are its dataset, "
+                         "and it cannot be cleared or loaded into")
+        self.name = name
 
 
 @dataclass(frozen=True)
@@ -309,6 +319,83 @@ class Replay:
         for i, c in enumerate(consumed):
             if c.buffer not in self.buffers:
                 raise UnknownBuffer(c.buffer, f"consumed.{i}.buffer")
+
+    # -- clearing and loading (operators' tools) ---------------------------------------------
+
+    def writable(self, name: str) -> Buffer:
+        """The named buffer, if it may be cleared or loaded: a dataset buffer's items are its
+        dataset (`ReadOnlyBuffer`)."""
+        buf = self.buffers.get(name)
+        if buf is None:
+            raise UnknownBuffer(name, "name")
+        if isinstance(buf, DatasetBuffer):
+            raise ReadOnlyBuffer(name)
+        return buf
+
+    def clear(self, name: str) -> tuple[int, int, list[str]]:
+        """Empty a buffer: (items it held, chunks it referred to, chunk ids no buffer refers
+        to any more, to delete). The buffer is rebuilt empty from its config, keeping its
+        counters and random generator; its chunks leave the ledger as `dropped/cleared` and
+        its items count as dropped, so the rate limiter's line drops with them: learners
+        wait for fresh items as they do after the run's start, never oversample the few
+        new ones."""
+        old = self.writable(name)
+        items, ids = len(old), sorted(old.chunk_ids())
+        priority_eps = (self.cfg.algo.priority_eps
+                        if isinstance(self.cfg.algo, PrioritySettings) else 1e-6)
+        fresh = make_buffer(name, self.cfg.buffers[name], 0, priority_eps)
+        fresh.monitor, fresh.rng = old.monitor, old.rng
+        fresh.monitor.dropped["cleared"] += items
+        fresh.monitor.released_chunks += len(ids)
+        for chunk_id in ids:
+            old.release_reasons[chunk_id] = "dropped/cleared"
+        self.buffers[name] = fresh
+        return items, len(ids), self._settle(old, ids)
+
+    def check_load(self, name: str, metas: list[ChunkMeta],
+                   priorities: list[list[float]] | None) -> None:
+        """Validate a load before anything changes (raises `UnknownBuffer`, `ReadOnlyBuffer`
+        or `BadRequest`)."""
+        self.writable(name)
+        if priorities is None:
+            return
+        if len(priorities) != len(metas):
+            raise BadRequest(f"priorities: {len(priorities)} lists for {len(metas)} chunks",
+                             "priorities")
+        for i, (p, m) in enumerate(zip(priorities, metas, strict=True)):
+            if len(p) != m.length:
+                raise BadRequest(f"priorities.{i}: {len(p)} priorities for a chunk of "
+                                 f"{m.length} rows", f"priorities.{i}")
+            if any(v < 0 for v in p):
+                raise BadRequest(f"priorities.{i}: must be >= 0", f"priorities.{i}")
+
+    def load_into(self, name: str, metas: list[ChunkMeta], train_iteration: int,
+                  priorities: list[list[float]] | None = None
+                  ) -> tuple[list[ChunkMeta], list[str]]:
+        """Index chunks in one buffer only (`rlfleet buffer load`); (the chunks that were
+        new, chunk ids to delete). A prioritized buffer's new items get `priorities` where
+        given (one per row of each chunk); other kinds ignore them."""
+        buf = self.writable(name)
+        fresh = self.unseen(metas)
+        if not fresh:
+            return [], []
+        given = ({m.chunk_id: p for m, p in zip(metas, priorities, strict=True)}
+                 if priorities is not None else {})
+        dead: list[str] = []
+        for m in fresh:
+            self.registry.hold(m.chunk_id, 1)
+            info = ChunkInfo(m.chunk_id, m.length, m.policy_version,
+                             tuple(tuple(s) for s in m.segments))
+            ring = buf if isinstance(buf, PrioritizedBuffer) else None
+            first_uid = ring.next_uid if ring is not None else 0
+            dead += self._settle(buf, buf.insert([info], train_iteration))
+            prio = given.get(m.chunk_id)
+            if prio is not None and ring is not None and ring.next_uid > first_uid:
+                # ring items: the chunk's rows in order, the newest `capacity` of them
+                n = min(m.length, buf.capacity)
+                uids = np.arange(ring.next_uid - n, ring.next_uid, dtype=np.int64)
+                ring.update_priorities(uids, np.asarray(prio[m.length - n:], dtype=np.float64))
+        return fresh, dead
 
     # -- snapshots --------------------------------------------------------------------------
 

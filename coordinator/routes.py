@@ -11,7 +11,7 @@ from flask import Blueprint, current_app, jsonify, request
 from rlfleet.coordinator.admission import DeviceMissing, NotAdmitted
 from rlfleet.coordinator.membership import Superseded, UnknownWorker, WorkerIdTaken
 from rlfleet.coordinator.openapi import document, openapi_document
-from rlfleet.coordinator.replay import UnknownBuffer
+from rlfleet.coordinator.replay import ReadOnlyBuffer, UnknownBuffer
 from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
 from rlfleet.coordinator.tasks import UnknownTask
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
@@ -19,8 +19,12 @@ from rlfleet.shared.contract.sample_wire import encode_sample
 from rlfleet.shared.contract.schemas import (
     API,
     BufferChunks,
+    BufferCleared,
+    BufferClearRequest,
     BufferInfo,
     BufferList,
+    BufferLoaded,
+    BufferLoadRequest,
     ChunkReport,
     ChunkReportResponse,
     CollectPermitRequest,
@@ -126,6 +130,11 @@ def _storage_down(err: StorageError):
 @bp.errorhandler(UnknownBuffer)
 def _unknown_buffer(err: UnknownBuffer):
     return error(404, str(err), err.field)
+
+
+@bp.errorhandler(ReadOnlyBuffer)
+def _read_only_buffer(err: ReadOnlyBuffer):
+    return error(409, str(err), "name")
 
 
 @bp.errorhandler(RateLimited)
@@ -311,6 +320,29 @@ def get_buffer(name: str):
 @document(BufferChunks, errors=[404], path_params={"name": "the buffer's name in the config"})
 def buffer_chunks(name: str):
     return _json(BufferChunks(name=name, chunk_ids=coord().readout.buffer_chunks(name)))
+
+
+@bp.post(f"{API}/buffers/<name>/clear")
+@document(BufferCleared, body=BufferClearRequest, errors=[404, 409, 503],
+          path_params={"name": "the buffer's name in the config"})
+def clear_buffer(name: str):
+    """Empty the buffer: its items and priorities go, its chunks are released as evicted
+    ones are (deleted from storage once no other buffer holds them, after the next
+    snapshot), and its items count as dropped, so the rate limiter waits for fresh items
+    before sampling again. Journalled: a restarted coordinator replays it. 409: a dataset
+    buffer (its items are its dataset); 503: storage is out, nothing was cleared."""
+    parse_body(BufferClearRequest)
+    return _json(coord().clear_buffer(name))
+
+
+@bp.post(f"{API}/buffers/<name>/load")
+@document(BufferLoaded, body=BufferLoadRequest, errors=[404, 409, 503],
+          path_params={"name": "the buffer's name in the config"})
+def load_buffer(name: str):
+    """Index chunks already written to the run's storage in this buffer only (what
+    `rlfleet buffer load` sends): journalled like a collector's report, counted as
+    acknowledged chunks but not as env steps. 409: a dataset buffer."""
+    return _json(coord().load_buffer(name, parse_body(BufferLoadRequest)))
 
 
 @bp.post(f"{API}/learn-info")

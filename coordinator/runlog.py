@@ -211,6 +211,9 @@ class RunLog:
                 self._train_written_at = self._iterations
             if self._log("update", env_steps, self._timers.means()):
                 self._timers.clear()
+        if req.histograms and self.logger is not None:  # logging.histograms
+            self.logger.histograms(self._iterations if self.offline else env_steps,
+                                   req.histograms)
 
     def on_evaluation(self, result: EvaluationResult) -> None:
         scalars: dict[str, float] = {"eval/policy_version": float(result.policy_version),
@@ -220,7 +223,9 @@ class RunLog:
             if summary is not None:
                 # success_rate is None for envs that report no success: not logged
                 scalars.update({f"eval/{mode}/{k}": float(v)
-                                for k, v in summary.model_dump().items() if v is not None})
+                                for k, v in summary.model_dump(exclude={"info"}).items()
+                                if v is not None})
+                scalars.update({f"eval/{mode}/info/{k}": v for k, v in summary.info.items()})
         for key, rates in result.battles.items():  # self-play: eval/vs_bot-random/win, ...
             opponent, _, seat = key.partition("/")
             prefix = f"eval/vs_{opponent}/" + (f"{seat}/" if seat else "")

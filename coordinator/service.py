@@ -28,6 +28,7 @@ from pathlib import Path
 from rlfleet.coordinator.admission import WorkerNetworks, check_device
 from rlfleet.coordinator.commander import Commander
 from rlfleet.coordinator.durability import Durability
+from rlfleet.coordinator.env_settings import EnvSettings
 from rlfleet.coordinator.episodes import EpisodeTable
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.health import RunHealth
@@ -40,7 +41,11 @@ from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.coordinator.runlog import RunLog
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
+from rlfleet.shared.contract.commander import load_commander
 from rlfleet.shared.contract.schemas import (
+    BufferCleared,
+    BufferLoaded,
+    BufferLoadRequest,
     ChunkMeta,
     ChunkReport,
     ChunkReportResponse,
@@ -48,6 +53,7 @@ from rlfleet.shared.contract.schemas import (
     CollectPermitResponse,
     CollectTask,
     Consumed,
+    EvaluateTask,
     EvaluationReport,
     EvaluationResult,
     GroupAssignment,
@@ -75,6 +81,8 @@ from rlfleet.shared.telemetry.rotating import MB
 log = logging.getLogger("rlfleet.coordinator")
 
 CONSUMED_EVENT = "consumed"  # the journal's record of queue chunks a learner used up
+CLEARED_EVENT = "buffer_cleared"  # ... of a buffer emptied by request
+LOADED_EVENT = "buffer_loaded"  # ... of chunks loaded into one buffer by request
 
 
 class WrongWorker(ValueError):
@@ -116,6 +124,9 @@ class Coordinator:
         self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
         self.commander = Commander(cfg, self.members, self.tasks, token)
+        # The run's commander (`coordinator.commander`): env settings of tasks; its state
+        # stop is bound late, once the state exists.
+        self.env_settings = EnvSettings(load_commander(cfg), lambda why: self.stop(why))
         self.runlog = RunLog(cfg, self.run_dir, open_logger=False)  # opened by `_restore`
         self.health = RunHealth(cfg.learner.data_shortage_warn_s)  # alerts in /status
         max_mb = cfg.logging.episodes_max_mb
@@ -129,7 +140,8 @@ class Coordinator:
             cfg, self.tasks, self.members, self.storage, self.run_dir, self.commander.push,
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
             solves=self.matchmaker.solved if self.matchmaker else None,
-            show_video=self.runlog.on_video)
+            show_video=self.runlog.on_video,
+            env_kwargs=self.env_settings.evaluate_kwargs)
         # The counters, and the lock that guards them and the replay and orders sampling
         # against inserts.
         self.state = CoordinatorState(clock, self.replay, self.tasks, self.eval_schedule,
@@ -318,6 +330,7 @@ class Coordinator:
             rec = self.tasks.claim(worker.worker_id, kind)
             if rec is not None:
                 log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
+                self.env_settings.refresh(rec, self.tasks)  # the commander's settings now
                 self._log_slot(rec)
                 self.commander.push(rec)
 
@@ -329,6 +342,7 @@ class Coordinator:
         kind = TaskKind.COLLECT if worker.role is Role.COLLECTOR else TaskKind.LEARN
         rec = self.tasks.claim(worker.worker_id, kind)
         if rec is not None:
+            self.env_settings.refresh(rec, self.tasks)  # the commander's settings now
             self._log_slot(rec)
             self.commander.push(rec)
             return rec
@@ -340,6 +354,7 @@ class Coordinator:
                                episodes_per_chunk=c.episodes_per_chunk,
                                opponents=(self.matchmaker.opponents(2 * self.cfg.env.num_envs)
                                           if self.matchmaker else []))
+            task = self.env_settings.collect_task(task, worker.worker_id)
         else:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
@@ -426,6 +441,17 @@ class Coordinator:
         if event.get("kind") == CONSUMED_EVENT:
             consumed = [Consumed.model_validate(c) for c in event["consumed"]]
             return self.replay.consume(consumed, replaying=True)
+        if event.get("kind") in (CLEARED_EVENT, LOADED_EVENT) and \
+                event["buffer"] not in self.replay.buffers:
+            log.warning("journal: buffer %s is not in the config any more: its %s is "
+                        "skipped", event["buffer"], event["kind"])
+            return []
+        if event.get("kind") == CLEARED_EVENT:
+            return self.replay.clear(event["buffer"])[2]
+        if event.get("kind") == LOADED_EVENT:
+            return self._load(event["buffer"], [ChunkMeta.model_validate(c)
+                                                for c in event["chunks"]],
+                              event.get("priorities"))
         if self.matchmaker is not None:
             self.matchmaker.apply(event)
         return []
@@ -578,6 +604,59 @@ class Coordinator:
         log.info("collection %s by request", "paused" if paused else "resumed")
         return self.run_state()
 
+    def clear_buffer(self, name: str) -> BufferCleared:
+        """Empty a buffer (`Replay.clear`), journalled first so a restarted coordinator
+        replays the clear; its chunks no buffer holds go to deletion as evicted ones do."""
+        with self.state.cond:
+            self.replay.writable(name)  # 404/409 before anything is journalled
+        cleared: tuple[int, int, list[str]] = (0, 0, [])
+
+        def apply() -> None:  # with the state's lock held
+            nonlocal cleared
+            cleared = self.replay.clear(name)
+            self.state.cond.notify_all()
+
+        self.durability.journal_event({"kind": CLEARED_EVENT, "buffer": name}, apply)
+        items, chunks, dead = cleared
+        self.durability.release(dead)
+        log.info("buffer %s cleared by request: %d items, %d chunks", name, items, chunks)
+        return BufferCleared(name=name, items=items, chunks=chunks)
+
+    def load_buffer(self, name: str, req: BufferLoadRequest) -> BufferLoaded:
+        """Index chunks a client wrote to storage in one buffer (`rlfleet buffer load`),
+        journalled first like a collector's report. They count as acknowledged chunks (the
+        ledger), not as env steps of this run."""
+        with self.state.cond:
+            self.replay.check_load(name, req.chunks, req.priorities)
+        accepted = 0
+        dead: list[str] = []
+
+        def apply() -> None:  # with the state's lock held
+            nonlocal accepted
+            before = self.state.chunks_accepted
+            dead.extend(self._load(name, req.chunks, req.priorities))
+            accepted = self.state.chunks_accepted - before
+            self.state.cond.notify_all()
+
+        self.durability.journal_event(
+            {"kind": LOADED_EVENT, "buffer": name,
+             "chunks": [c.model_dump(mode="json") for c in req.chunks],
+             "priorities": req.priorities}, apply)
+        self.durability.release(dead)
+        with self.state.cond:
+            size = len(self.replay.buffers[name])
+        log.info("buffer %s: %d chunks loaded by request", name, accepted)
+        return BufferLoaded(name=name, accepted=accepted, items=size)
+
+    def _load(self, name: str, metas: list[ChunkMeta],
+              priorities: list[list[float]] | None) -> list[str]:
+        """Index loaded chunks and count them as acknowledged (under the state's lock);
+        returns the chunk ids to delete."""
+        fresh, dead = self.replay.load_into(name, metas, self.state.train_iterations,
+                                            priorities)
+        self.state.chunks_accepted += len(fresh)
+        return dead
+
     def scale(self, collectors: int | None, learners: int | None = None) -> RunState:
         """Record how many collectors and learners the run should have; the learner group
         is sized to `learners` at once (the launcher or the orchestrator starts or stops the
@@ -611,6 +690,13 @@ class Coordinator:
                                            self.clock() - state.started_at,
                                            self.runlog.on_evaluation)
         self.episode_table.on_evaluation(req, seed, result.env_steps, time.time())
+        evaluated = self.tasks.get(req.task_id).task
+        for rec in self.env_settings.on_evaluation(
+                result, evaluated.env_kwargs if isinstance(evaluated, EvaluateTask) else {},
+                self.tasks):
+            self.commander.push(rec)  # the same collect task, with new env settings
+        if why := self.env_settings.solved():
+            self.state.stop(why, solved=True)
         stop_value = self.cfg.eval.stop_value
         if stop_value is not None and result.return_mean >= stop_value:
             self.state.stop(f"solved: evaluation return {result.return_mean:.1f} >= "
@@ -662,7 +748,8 @@ class Coordinator:
                 self.matchmaker.maybe_snapshot(state.policy_version,
                                                self.durability.journal_event)
             self.matchmaker.write_view(now)
-        self.runlog.on_tick(state.env_steps, self.readout.info_scalars())
+        self.runlog.on_tick(state.env_steps, {**self.readout.info_scalars(),
+                                              **self.env_settings.scalars()})
         self.durability.tick(now)
 
     # -- reading state ----------------------------------------------------------------------

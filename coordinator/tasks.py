@@ -195,6 +195,16 @@ class TaskTable:
             self._unassigned.discard(rec.task_id)
             return rec
 
+    def update_task(self, task_id: str, update: dict) -> TaskRecord | None:
+        """Change fields of a live task (the commander's env settings of a collect task),
+        for the caller to push again; None when the task ended or is unknown."""
+        with self._lock:
+            rec = self._tasks.get(task_id)
+            if rec is None or not rec.active:
+                return None
+            rec.task = rec.task.model_copy(update=update)
+            return rec
+
     def snapshot(self) -> dict:
         """Live tasks and the id counter, as JSON for the coordinator's snapshot."""
         with self._lock:

@@ -44,6 +44,8 @@ def run_off_policy(t: Training) -> bool:
     is_publisher = session.is_publisher
     closing, feedback, publisher, timers = t.closing, t.feedback, t.publisher, t.timers
     stager, gpu, window = t.stager, t.gpu, t.window
+    hooks = t.hooks if t.hooks.per_update else None  # learner.hooks around each update
+    histograms = cfg.logging.histograms is not None
     tracks_obs = isinstance(policy, NormalizesObservations) and policy.tracks_obs_stats
     scorer = (DatasetScorer(cfg, run_spec(cfg))
               if cfg.eval.dataset is not None and is_publisher else None)
@@ -76,7 +78,13 @@ def run_off_policy(t: Training) -> bool:
                 data = stager.ready(staged)
                 weights = data.pop(WEIGHTS, None)
                 gpu.start()
+                if hooks is not None:
+                    hooks.before_iter(data)
                 out = policy.learn(data, weights)
+                if hooks is not None:
+                    hooks.after_iter(out.metrics)
+                if histograms:
+                    t.maybe_histograms(data)
                 gpu.end()
                 stager.done(staged)
                 if i + 1 < len(batches):

@@ -57,7 +57,13 @@ def run_on_policy(t: Training, buffer: str) -> bool:
         merge_obs_stats(policy, feeder.take_moments())
         data = t.stager.put(rollout.data)  # to the device, frames stacked there
         t.gpu.start()
+        if t.hooks.per_update:
+            t.hooks.before_iter(data)
         out = policy.learn(data)
+        if t.hooks.per_update:
+            t.hooks.after_iter(out.metrics)
+        if t.cfg.logging.histograms is not None:
+            t.maybe_histograms(data)
         t.gpu.end()
         if session.is_publisher:
             t.publish()

@@ -125,12 +125,13 @@ class LearnerService(WorkerService):
             ck = cfg.checkpoint
             checkpoints = CheckpointStore(
                 storage, ck.prefix, ck.keep_last,
-                {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name})
+                {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name}, ck.dir)
             training = Training(cfg, policy, storage, self.storage_url, seed, self.agent,
                                 self._closing, self.publisher, self.session, self.timers,
                                 self.progress, checkpoints, placement=placement)
             self.training = training
             training.resume()
+            training.hooks.before_run()
             host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
             self.session.open(GroupMember(host, cfg.learner.group_port,
                                           cfg.learner.collective_timeout_s,

@@ -26,6 +26,8 @@ from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.feedback import PriorityFeedback, updates_from
 from rlfleet.learner.group import GroupError
+from rlfleet.learner.histograms import HistogramTaker
+from rlfleet.learner.hooks import HookContext, HookRunner
 from rlfleet.learner.metric_window import MetricStats, MetricWindow, WindowReport
 from rlfleet.learner.placement import Placement
 from rlfleet.learner.prefetch import Prefetcher
@@ -43,6 +45,7 @@ from rlfleet.shared.contract.schemas import (
     API,
     Consumed,
     GroupAssignment,
+    HistogramData,
     LearnInfo,
     LearnInfoResponse,
 )
@@ -99,12 +102,18 @@ class Training:
     unsent: WindowReport | None = None  # the window, reduced, not yet in a report
     checkpoint_every: int = field(init=False)
     shortage: DataShortage = field(init=False)  # learner.data_shortage_warn_s
+    hooks: HookRunner = field(init=False)  # learner.hooks
+    histograms: HistogramTaker = field(init=False)  # logging.histograms
+    unsent_histograms: dict[str, HistogramData] = field(default_factory=dict)
     stager: Stager = field(init=False)
     gpu: GpuClock = field(init=False)
 
     def __post_init__(self) -> None:
         self.checkpoint_every = self.cfg.checkpoint.every_train_iterations
         self.shortage = DataShortage(self.cfg.learner.data_shortage_warn_s)
+        self.histograms = HistogramTaker(self.cfg.logging.histograms)
+        self.hooks = HookRunner.from_config(self.cfg.learner.hooks,
+                                            HookContext(self.policy, self.cfg))
         device = self.placement.device
         self.stager = Stager(device, pin=self.cfg.learner.pin_memory)
         self.gpu = GpuClock(device)
@@ -126,12 +135,15 @@ class Training:
     def formed(self, assignment: GroupAssignment) -> None:
         """A generation was formed: go on from its state; its publisher announces it."""
         self.progress.train_iterations = self.policy.train_iterations
+        self.hooks.ctx.rank = assignment.rank or 0
+        self.hooks.ctx.is_publisher = bool(assignment.publisher)
         if assignment.publisher:
             self.publish()
 
     def finish(self) -> None:
         """The run is over or the learner is closing: the publisher's last version and
         checkpoint, then the last report (with the chunks consumed since the one before)."""
+        self.hooks.after_run()
         if self.session.is_publisher and self.session.assignment is not None:
             self.publish()
             self.maybe_checkpoint(force=True)
@@ -152,13 +164,13 @@ class Training:
         self.timers.publish_s += time.perf_counter() - t0
 
     def maybe_checkpoint(self, force: bool = False) -> None:
-        """Save a checkpoint every `checkpoint.every_train_iterations` (or now, if `force`),
-        on the publisher only, never twice at one train iteration. A storage outage skips
-        it: the next interval tries again."""
+        """Save a checkpoint every `checkpoint.every_train_iterations` (0: never but when
+        `force`d, as at the end) or now, if `force`, on the publisher only, never twice at
+        one train iteration. A storage outage skips it: the next interval tries again."""
         iterations = self.policy.train_iterations
         last = self.progress.last_checkpoint
-        if (not force and iterations - last < self.checkpoint_every) or \
-                not self.session.is_publisher:
+        periodic = self.checkpoint_every > 0 and iterations - last >= self.checkpoint_every
+        if not (force or periodic) or not self.session.is_publisher:
             return
         if iterations == last and last > 0:
             return  # nothing new since the last one
@@ -189,14 +201,22 @@ class Training:
         """The unsent window's fields of a LearnInfo; each window goes out once, so the
         coordinator never weighs one update's loss twice."""
         report, self.unsent = self.unsent, None
+        histograms, self.unsent_histograms = self.unsent_histograms, {}
         if report is None:
-            return {}
+            return {"histograms": histograms}
         stats = report.stats
         return {"metrics": {k: v.mean for k, v in stats.items()},
                 "metric_counts": {k: v.count for k, v in stats.items()},
                 "metrics_min": {k: v.min for k, v in stats.items()},
                 "metrics_max": {k: v.max for k, v in stats.items()},
-                "arrays": report.arrays, "nonfinite": report.nonfinite}
+                "arrays": report.arrays, "nonfinite": report.nonfinite,
+                "histograms": histograms}
+
+    def maybe_histograms(self, batch: Mapping[str, torch.Tensor]) -> None:
+        """`logging.histograms`, right after an update on `batch`, when due (publisher
+        only: every rank's networks are the same)."""
+        if self.session.is_publisher and self.histograms.due(self.policy.train_iterations):
+            self.unsent_histograms = self.histograms.take(self.policy, batch)
 
     def checkpoint_on_the_way_down(self) -> None:
         """The learner dies of an exception: save what it learned since the last checkpoint

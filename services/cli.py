@@ -11,8 +11,13 @@
     rlfleet single --config PATH [KEY=VALUE ...]               # no HTTP, no storage
     rlfleet battle RUN_DIR [--games N]                         # a self-play policy vs bots
     rlfleet play RUN_DIR [--episodes N] [--video out.mp4] [--stochastic] [--seed S]
+                 [--checkpoint N]
     rlfleet serve-policy RUN_DIR --port P [--host H] [--threads N] [--reload-s S]  # POST /act
+                 [--checkpoint N]
+    rlfleet checkpoints RUN_DIR [--json]                       # a run's kept checkpoints
     rlfleet check --config PATH [KEY=VALUE ...]                # build its env and policy
+    rlfleet buffer save RUN_DIR --buffer NAME --out FILE [--coordinator URL]
+    rlfleet buffer load RUN_DIR --buffer NAME --in FILE [--coordinator URL]
 
 `KEY=VALUE` items after the options change the config's fields (`algo.lr=3e-4
 env.num_envs=16`, values in YAML; `shared/run/overrides.py`), checked as the file is.
@@ -64,6 +69,12 @@ def _supervision_options(p: argparse.ArgumentParser) -> None:
                    "(default 10)")
 
 
+def _checkpoint_option(p: argparse.ArgumentParser, help: str = (
+        "act with the policy of the checkpoint at train iteration N (`rlfleet checkpoints "
+        "RUN_DIR` lists them) instead of the best policy")) -> None:
+    p.add_argument("--checkpoint", type=NON_NEGATIVE, default=None, metavar="N", help=help)
+
+
 def _overrides_option(p: argparse.ArgumentParser, help: str = OVERRIDES_HELP) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=help)
 
@@ -102,6 +113,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
               f"policy in {before.get('best_policy')}). Nothing to do; --continue trains it "
               "further.")
         return 0
+    from rlfleet.checkpoints_cli import resume_point
+
+    if (Path(args.run_dir) / "config.yaml").is_file():  # else the launcher says what is wrong
+        print(f"rlfleet resume: {args.run_dir}: {resume_point(Path(args.run_dir))}",
+              flush=True)
     args.resume = True
     return _local_launch(args)
 
@@ -111,7 +127,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlfleet.export import export_run
 
     done = export_run(args.run_dir, args.out, args.dataset_id, args.source, args.min_return,
-                      args.max_return, args.limit, args.episodes, args.greedy)
+                      args.max_return, args.limit, args.episodes, args.greedy,
+                      checkpoint=args.checkpoint)
     print(f"exported {done.episodes} episodes ({done.steps} steps, mean return "
           f"{done.mean_return:.1f}) {done.origin} as {done.dataset_id} to {done.path}")
     for why in done.passed_over:  # --source auto: the sources tried before this one
@@ -145,8 +162,15 @@ def cmd_play(args: argparse.Namespace) -> int:
     from rlfleet.play import play_run, print_played
 
     print_played(play_run(Path(args.run_dir), args.episodes, args.video, args.stochastic,
-                          args.seed))
+                          args.seed, checkpoint=args.checkpoint))
     return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """A run's kept checkpoints with their metadata (`services/checkpoints_cli.py`)."""
+    from rlfleet.checkpoints_cli import main
+
+    return main(args.run_dir, args.json)
 
 
 def cmd_serve_policy(args: argparse.Namespace) -> int:
@@ -154,7 +178,8 @@ def cmd_serve_policy(args: argparse.Namespace) -> int:
     from rlfleet.policy_server import serve_policy
 
     setup_logging("serve-policy")
-    return serve_policy(Path(args.run_dir), args.host, args.port, args.threads, args.reload_s)
+    return serve_policy(Path(args.run_dir), args.host, args.port, args.threads, args.reload_s,
+                        checkpoint=args.checkpoint)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -219,7 +244,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     the launcher itself never imports torch."""
     from rlfleet.shared.run.check import check_runnable, describe_policy_class
 
-    checked = check_runnable(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)
+    checked = check_runnable(cfg)
+    if cfg.logging.writers:
+        from rlfleet.shared.telemetry.plugins import check_writers
+
+        check_writers(cfg.logging)
     if checked.policy_class is not None:
         print(describe_policy_class(checked.policy_class))
         print(f"capabilities of the built policy: {', '.join(checked.capabilities) or 'none'}")
@@ -253,6 +283,18 @@ def cmd_single(args: argparse.Namespace) -> int:
     print(asdict(res))
     # as `rlfleet up` ends: 0 solved, 3 stopped unsolved, 130 stopped by a signal
     return 0 if res.solved else 130 if outcome == "interrupted" else 3
+
+
+def cmd_buffer(args: argparse.Namespace) -> int:
+    """`rlfleet buffer save|load` (`buffer_io.py`): a file the run cannot take, or a buffer
+    it does not have, is a usage error (exit 2) naming the mismatch."""
+    from rlfleet.buffer_io import BufferFileError, main_load, main_save
+
+    try:
+        return main_save(args) if args.buffer_command == "save" else main_load(args)
+    except BufferFileError as err:
+        print(f"rlfleet buffer {args.buffer_command}: {err}", file=sys.stderr)
+        return 2
 
 
 def _version() -> str:
@@ -332,7 +374,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--max-return", type=float, default=None,
                     help="keep only episodes that scored at most this")
     ex.add_argument("--limit", type=int, default=None, help="the first N episodes kept")
+    _checkpoint_option(ex, "play the episodes with the policy of the checkpoint at train "
+                       "iteration N (`rlfleet checkpoints RUN_DIR` lists them) instead of the "
+                       "best policy; implies --source policy")
     ex.set_defaults(func=cmd_export)
+
+    ck = sub.add_parser("checkpoints", help="list the checkpoints a run kept (train "
+                        "iteration, policy version, best, time, size, metadata)")
+    ck.add_argument("run_dir", help="runs/<name>")
+    ck.add_argument("--json", action="store_true", help="print JSON (for tools) instead of "
+                    "a table")
+    ck.set_defaults(func=cmd_checkpoints)
 
     pl = sub.add_parser("plot", help="draw a run's learning curves and timers to a PNG; "
                         "several runs: their returns on shared axes")
@@ -357,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--stochastic", action="store_true", help="act as collectors do "
                     "(sampled, epsilon-greedy) instead of as evaluated (deterministic)")
     pp.add_argument("--seed", type=int, default=None, help="default: the run's seed")
+    _checkpoint_option(pp)
     pp.set_defaults(func=cmd_play)
 
     sp = sub.add_parser("serve-policy", help="serve a run's best policy over HTTP: POST /act "
@@ -369,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reload-s", type=SECONDS, default=env("RELOAD_S", "5"),
                     help="seconds between checks for a newer best policy in RUN_DIR (a run "
                     "still training), swapped in without a restart; 0: never")
+    _checkpoint_option(sp, "serve the policy of the checkpoint at train iteration N "
+                       "(`rlfleet checkpoints RUN_DIR` lists them) instead of the best "
+                       "policy; it is never reloaded")
     sp.set_defaults(func=cmd_serve_policy)
 
     sc = sub.add_parser("scale", help="change the number of collectors or learners of a "
@@ -402,6 +458,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-dir", default=None, help="a Slurm run's directory: its "
                    "coordinator, wherever it runs (instead of --coordinator)")
     s.set_defaults(func=cmd_status)
+
+    bf = sub.add_parser("buffer", help="save a run's replay buffer to a file, or load one "
+                        "into a running run's buffer")
+    bfs = bf.add_subparsers(dest="buffer_command", required=True)
+    bsave = bfs.add_parser("save", help="write a buffer's transitions to one safetensors "
+                           "file: of a live run with --coordinator, else of the stopped "
+                           "run's last snapshot")
+    bsave.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (its "
+                       "config.yaml names its env and storage)")
+    bsave.add_argument("--buffer", required=True, help="the buffer's name in the config")
+    bsave.add_argument("--out", required=True, metavar="FILE")
+    bsave.add_argument("--coordinator", default=None, help="the live run's coordinator URL")
+    bsave.set_defaults(func=cmd_buffer)
+    bload = bfs.add_parser("load", help="insert a saved file's transitions into a running "
+                           "run's buffer (its env and spaces must match)")
+    bload.add_argument("run_dir", metavar="RUN_DIR", help="the running run's directory")
+    bload.add_argument("--buffer", required=True, help="the buffer's name in the config")
+    bload.add_argument("--in", dest="input", required=True, metavar="FILE")
+    bload.add_argument("--coordinator", default=env("COORDINATOR", "http://127.0.0.1:8000"))
+    bload.set_defaults(func=cmd_buffer)
 
     add_slurm_parser(sub, _overrides_option)
 

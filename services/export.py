@@ -11,6 +11,8 @@ Three sources:
   directory), acting as it did when collecting (DQN: epsilon at its final value), or with
   `--greedy` as it is evaluated deterministically: the expert dataset of a solved run, as
   many episodes as asked, where a run that stopped on solving collected only a few at its end.
+  `--checkpoint N` plays them with the policy of the learner's checkpoint at train iteration
+  N instead (`rlfleet checkpoints RUN_DIR` lists them), and implies `--source policy`.
 `auto` takes the first of them, in that order, that holds a whole episode, so every kind of
 run gives a dataset: an on-policy run's queue keeps no whole episodes and saves none, and
 its dataset is then rolled out from its best policy (`Exported.origin` says so).
@@ -176,12 +178,17 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
     return policy, version
 
 
-def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False
-                    ) -> Iterator[dict[str, np.ndarray]]:
+def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False,
+                    checkpoint: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     from rlfleet.collector.rollout import Rollout
     from rlfleet.shared.envs.make import make_vector_env
 
-    policy, _ = load_best_policy(cfg, run_dir)
+    if checkpoint is not None:
+        from rlfleet.checkpoints_cli import checkpoint_policy
+
+        policy, _ = checkpoint_policy(cfg, run_dir, checkpoint)
+    else:
+        policy, _ = load_best_policy(cfg, run_dir)
     envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
     try:
         rollout = Rollout(envs, greedy_policy(policy) if greedy else policy, mode="episodes",
@@ -199,8 +206,8 @@ def _saved_dir(cfg: RunConfig, run_dir: Path) -> Path | None:
     return saved
 
 
-def _opener(source: str, cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool
-            ) -> Callable[[], Episodes]:
+def _opener(source: str, cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool,
+            checkpoint: int | None = None) -> Callable[[], Episodes]:
     """What reads `source`'s episodes; its errors (ConfigError) come when it is called or,
     for snapshot and policy, when the first episode is read."""
     def saved() -> Episodes:
@@ -212,7 +219,7 @@ def _opener(source: str, cfg: RunConfig, run_dir: Path, episodes: int, greedy: b
 
     openers = {"saved": saved,
                "snapshot": lambda: snapshot_episodes(cfg, run_dir),
-               "policy": lambda: policy_episodes(cfg, run_dir, episodes, greedy)}
+               "policy": lambda: policy_episodes(cfg, run_dir, episodes, greedy, checkpoint)}
     if source not in openers:
         raise ConfigError(f"--source={source!r}: one of auto, {', '.join(SOURCES)}")
     return openers[source]
@@ -243,11 +250,15 @@ def _auto(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool
                       "; ".join(passed_over) + ")")
 
 
-def _origin(source: str, cfg: RunConfig, run_dir: Path, greedy: bool) -> str:
+def _origin(source: str, cfg: RunConfig, run_dir: Path, greedy: bool,
+            checkpoint: int | None = None) -> str:
     if source == "saved":
         return f"from saved episodes ({_saved_dir(cfg, run_dir)})"
     if source == "snapshot":
         return "from the buffer snapshot in the run's storage"
+    if checkpoint is not None:
+        return (f"rolled out from the checkpoint at train iteration {checkpoint} (acting "
+                f"{'greedily' if greedy else 'as when collecting'})")
     return (f"rolled out from the best policy ({BEST_POLICY_FILE}, acting "
             f"{'greedily' if greedy else 'as when collecting'})")
 
@@ -255,7 +266,8 @@ def _origin(source: str, cfg: RunConfig, run_dir: Path, greedy: bool) -> str:
 def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = None,
                source: str = "auto", min_return: float | None = None,
                max_return: float | None = None, limit: int | None = None,
-               episodes: int = 20, greedy: bool = False) -> Exported:
+               episodes: int = 20, greedy: bool = False, checkpoint: int | None = None
+               ) -> Exported:
     from rlfleet.shared.envs.make import make_vector_env
 
     run_dir = Path(run_dir)
@@ -264,10 +276,18 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
         raise ConfigError("rlfleet export: self-play runs are two-player games, not Minari's "
                           "single-agent episodes")
     passed_over: list[str] = []
+    if checkpoint is not None:  # a checkpoint's policy plays the episodes
+        if source not in ("auto", "policy"):
+            raise ConfigError(f"--checkpoint={checkpoint} names the policy that plays the "
+                              f"episodes: it goes with --source policy, not --source {source}")
+        source = "policy"
+        from rlfleet.checkpoints_cli import checkpoint_blob
+
+        checkpoint_blob(cfg, run_dir, checkpoint)  # an unknown one fails before any work
     if source == "auto":
         source, eps, passed_over = _auto(cfg, run_dir, episodes, greedy)
     else:
-        eps = _opener(source, cfg, run_dir, episodes, greedy)()
+        eps = _opener(source, cfg, run_dir, episodes, greedy, checkpoint)()
     returns: list[float] = []
     steps = [0]
 
@@ -295,4 +315,4 @@ def export_run(run_dir: str | Path, out: str | Path, dataset_id: str | None = No
                                     f"{f', the first {limit}' if limit else ''})")
     return Exported(path, dataset_id, len(returns), steps[0], source,
                     float(np.mean(returns)) if returns else float("nan"),
-                    _origin(source, cfg, run_dir, greedy), passed_over)
+                    _origin(source, cfg, run_dir, greedy, checkpoint), passed_over)

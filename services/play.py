@@ -1,7 +1,9 @@
 """`rlfleet play RUN_DIR`: the run's trained policy playing the run's env, episode by episode.
 
 The policy is the one the run kept as its result (`best_policy.safetensors`, loaded as
-`rlfleet export --source policy` loads it); the env is the run's own (`config.yaml`: its id,
+`rlfleet export --source policy` loads it), or with `--checkpoint N` the one of the
+learner's checkpoint at train iteration N (`rlfleet checkpoints RUN_DIR` lists them,
+`services/checkpoints_cli.py`); the env is the run's own (`config.yaml`: its id,
 kwargs, Atari preprocessing), one env stepped in this process. By default the policy acts as
 evaluations act it (its deterministic action: DQN's greedy one, PPO's most likely action or
 its Gaussian's mean); `--stochastic` acts as collectors do (DQN: epsilon at its final value;
@@ -60,6 +62,7 @@ class Played:
     frames: int = 0
     # each episode's last `info["is_success"]`; None where the env reports no success
     successes: list[bool | None] = field(default_factory=list)
+    checkpoint: int | None = None  # --checkpoint: the train iteration of the one played
 
     @property
     def mean_return(self) -> float:
@@ -71,13 +74,20 @@ class Played:
         return success_rate(self.successes)
 
 
-def trained_policy(run_dir: Path, seed: int | None = None) -> tuple[RunConfig, Policy, int]:
-    """A run's config, its best policy ready to act, and that policy's version. Self-play
-    runs are refused: their policy acts on masked moves of a two-player game."""
+def trained_policy(run_dir: Path, seed: int | None = None, checkpoint: int | None = None
+                   ) -> tuple[RunConfig, Policy, int]:
+    """A run's config, its best policy (or, with `checkpoint`, the policy of its checkpoint
+    at that train iteration) ready to act, and that policy's version. Self-play runs are
+    refused: their policy acts on masked moves of a two-player game."""
     cfg = read_run_config(run_dir)
     if cfg.league is not None:
         raise ConfigError(f"{run_dir} is a self-play run (a two-player game with masked "
                           f"moves); `rlfleet battle {run_dir}` plays its policy against bots")
+    if checkpoint is not None:
+        from rlfleet.checkpoints_cli import checkpoint_policy
+
+        policy, version = checkpoint_policy(cfg, run_dir, checkpoint, seed)
+        return cfg, policy, version
     policy, version = load_best_policy(cfg, run_dir, seed)
     return cfg, policy, version
 
@@ -129,15 +139,17 @@ def _frame(envs: gym.vector.VectorEnv, env_id: str) -> np.ndarray:
 
 
 def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None = None,
-             stochastic: bool = False, seed: int | None = None) -> Played:
+             stochastic: bool = False, seed: int | None = None,
+             checkpoint: int | None = None) -> Played:
     """Play `episodes` whole episodes one after another from `seed` (default: the run's
-    seed); with `video`, write the first one's frames there as MP4."""
+    seed); with `video`, write the first one's frames there as MP4; with `checkpoint`, with
+    the policy of the run's checkpoint at that train iteration."""
     from rlfleet.shared.telemetry.video import Mp4Writer
 
     if episodes < 1:
         raise ConfigError(f"--episodes={episodes}: play at least one episode")
     run_dir = Path(run_dir)
-    cfg, policy, version = trained_policy(run_dir, seed)
+    cfg, policy, version = trained_policy(run_dir, seed, checkpoint)
     seed = cfg.seed if seed is None else seed
     deterministic = not stochastic
     try:
@@ -193,7 +205,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
         if writer is not None:
             writer.close()
     played = Played(run_dir, cfg.env.id, cfg.algo.name, version, deterministic, seed,
-                    returns, lengths, successes=successes)
+                    returns, lengths, successes=successes, checkpoint=checkpoint)
     if writer is not None:
         played.video, played.frames = Path(video), writer.frames
     return played
@@ -205,8 +217,10 @@ def print_played(played: Played) -> None:
 
     mode = "deterministic" if played.deterministic else "stochastic (as collectors act)"
     console = Console(highlight=False)
-    console.print(f"{played.run_dir}: {played.algo} policy version {played.policy_version} "
-                  f"on {played.env_id}, {mode}, seed {played.seed}")
+    source = ("" if played.checkpoint is None
+              else f" (checkpoint at train iteration {played.checkpoint})")
+    console.print(f"{played.run_dir}: {played.algo} policy version {played.policy_version}"
+                  f"{source} on {played.env_id}, {mode}, seed {played.seed}")
     rate = played.success_rate  # a column only for envs that report success
     table = Table()
     table.add_column("episode", justify="right")

@@ -2,6 +2,9 @@
 
 The policy is the run's result (`best_policy.safetensors`), loaded as `rlfleet play` loads it
 (`services/play.py`), and it acts as evaluations act it unless a request asks otherwise.
+`--checkpoint N` serves the policy of the run's checkpoint at train iteration N instead
+(`rlfleet checkpoints RUN_DIR` lists them); a checkpoint never changes, so it is never
+reloaded.
 
 Pointed at a run that is still training, the server follows its best policy: every
 `--reload-s` seconds (default 5; 0: never) a thread of its own looks at the file's size and
@@ -129,7 +132,8 @@ class PolicyService:
 
     role = "policy-server"
 
-    def __init__(self, run_dir: Path, reload_s: float = DEFAULT_RELOAD_S) -> None:
+    def __init__(self, run_dir: Path, reload_s: float = DEFAULT_RELOAD_S,
+                 checkpoint: int | None = None) -> None:
         import gymnasium as gym
 
         from rlfleet.shared.envs.make import make_vector_env
@@ -138,11 +142,12 @@ class PolicyService:
             raise ConfigError(f"--reload-s={reload_s}: seconds between checks for a newer "
                               "best policy, 0 or more (0: never)")
         self.run_dir = run_dir
-        self.reload_s = reload_s
+        self.checkpoint = checkpoint
+        self.reload_s = reload_s if checkpoint is None else 0.0  # a checkpoint never changes
         self.best_path = run_dir / BEST_POLICY_FILE
         # stamped before it is read: a change meanwhile is loaded at the first check
         stamp = _stamp(self.best_path)
-        self.cfg, policy, version = trained_policy(run_dir)
+        self.cfg, policy, version = trained_policy(run_dir, checkpoint=checkpoint)
         from rlfleet.shared.algos.capabilities import Recurrent
 
         if isinstance(policy, Recurrent):
@@ -173,8 +178,11 @@ class PolicyService:
         return self.served.version
 
     def start(self) -> PolicyService:
-        log.info("serving %s: %s policy version %d on %s, obs %s %s%s", self.run_dir,
-                 self.cfg.algo.name, self.version, self.cfg.env.id, self.obs_shape,
+        log.info("serving %s: %s policy version %d%s on %s, obs %s %s%s", self.run_dir,
+                 self.cfg.algo.name, self.version,
+                 "" if self.checkpoint is None
+                 else f" (checkpoint at train iteration {self.checkpoint})",
+                 self.cfg.env.id, self.obs_shape,
                  self.obs_dtype, f"; a newer best policy is looked for every {self.reload_s:g} s"
                  if self.reload_s else "")
         if self.reload_s > 0:
@@ -383,17 +391,18 @@ def create_app(service: PolicyService) -> Flask:
 
 
 def serve_policy(run_dir: Path, host: str, port: int, threads: int = 4,
-                 reload_s: float = DEFAULT_RELOAD_S) -> int:
+                 reload_s: float = DEFAULT_RELOAD_S, checkpoint: int | None = None) -> int:
     """Serve the run's policy until SIGTERM/SIGINT, following its newer best policies every
-    `reload_s` seconds; blocks and returns the exit code."""
+    `reload_s` seconds (with `checkpoint`: that checkpoint's policy, never reloaded); blocks
+    and returns the exit code."""
     from rlfleet.serve import InProcessServer
     from rlfleet.shared.infra.auth import load_token
     from rlfleet.shared.infra.webapp import max_body_bytes
 
     load_token()  # a bad token or body-limit setting: exit 2 before the policy loads
     max_body_bytes()
-    server = InProcessServer(create_app(PolicyService(run_dir, reload_s)), host, port,
-                             threads)
+    server = InProcessServer(create_app(PolicyService(run_dir, reload_s, checkpoint)), host,
+                             port, threads)
     server.listen()
     log.info("listening on http://%s:%d (POST /act, GET /info, GET /openapi.json)", host,
              server.port)

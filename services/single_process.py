@@ -256,16 +256,21 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
                 eval_return = games.evaluate(actor, cfg.seed + steps)
             else:  # success too, where the env reports `info["is_success"]`
                 done = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps,
-                                max_steps=cfg.eval.max_steps)
+                                max_steps=cfg.eval.max_steps,
+                                info_keys=tuple(cfg.eval.info_keys),
+                                return_key=cfg.eval.episode_return_key)
                 eval_return, eval_success = float(np.mean(done.returns)), done.success_rate
             extra = {} if eval_success is None else {"success": eval_success}
             if games is None:
                 extra["truncated"] = sum(done.truncated)
+                extra.update({f"info/{k}": float(np.mean(known)) for k, v in done.infos.items()
+                              if (known := [x for x in v if x is not None])})
             if games is None and cfg.eval.stochastic:
                 # the exploring policy's episodes from the same seed, as a collector runs
                 # them for the coordinator: the same evaluation work on both sides
                 explored = evaluate(eval_envs, actor, cfg.eval.episodes, cfg.seed + steps,
-                                    deterministic=False, max_steps=cfg.eval.max_steps)
+                                    deterministic=False, max_steps=cfg.eval.max_steps,
+                                    return_key=cfg.eval.episode_return_key)
                 extra["stochastic_return"] = float(np.mean(explored.returns))
             evaluations.append({"env_steps": steps, "train_iterations": learner.train_iterations,
                                 "return": eval_return, **extra})

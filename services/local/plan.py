@@ -192,7 +192,8 @@ def _budget(cfg: RunConfig, args: argparse.Namespace) -> dict:
 
 def absolute_paths(data: dict, run_dir: Path) -> dict:
     """Paths the workers read, made absolute (they may run elsewhere than this directory):
-    datasets relative to where `up` was run, the buffer saver's directory to the run's."""
+    datasets relative to where `up` was run, the buffer saver's and the checkpoint files'
+    directories to the run's."""
     for bcfg in data["buffers"].values():
         if bcfg.get("path"):
             bcfg["path"] = str(Path(bcfg["path"]).expanduser().resolve())
@@ -202,6 +203,8 @@ def absolute_paths(data: dict, run_dir: Path) -> dict:
     if data["collector"].get("save_to"):
         data["collector"]["save_to"] = str(run_dir / Path(data["collector"]["save_to"])
                                            .expanduser())
+    if (data.get("checkpoint") or {}).get("dir"):  # checkpoint files: the run's, as above
+        data["checkpoint"]["dir"] = str(run_dir / Path(data["checkpoint"]["dir"]).expanduser())
     return data
 
 

@@ -14,9 +14,11 @@ from rlfleet.shared.run.config import RunConfig
 
 
 def names_code(cfg: RunConfig) -> bool:
-    """Whether a config names code by import path (`algo.policy`, `algo.reward_model`, or an
-    `env.id` such as `package.module:Env`): only importing and building it can check it."""
-    return bool(cfg.algo.policy) or cfg.algo.reward_model is not None or ":" in cfg.env.id
+    """Whether a config names code by import path (`algo.policy`, `algo.reward_model`, an
+    `env.id` such as `package.module:Env`, learner hooks or metric writers): only importing
+    and building it can check it."""
+    return (bool(cfg.algo.policy) or cfg.algo.reward_model is not None or ":" in cfg.env.id
+            or bool(cfg.learner.hooks) or bool(cfg.logging.writers))
 
 
 def check_config(cfg: RunConfig, path: Path | str, devices: bool = True) -> None:

@@ -9,7 +9,7 @@ field. Every field's description is the config reference (the site's
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -249,8 +249,38 @@ def split_batch(batch_size: int, fractions: list[float]) -> list[int]:
     return sizes
 
 
+ImportPathStr = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$",
+                                     max_length=256)]
+
+
+class PluginConfig(Frozen):
+    """A user's class named by import path ('package.module:Class'), made with `params`."""
+
+    path: ImportPathStr = Field(description="'package.module:Class', importable on the "
+                                "worker that runs it")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of "
+                                   "its constructor")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_path(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+
+class HookConfig(PluginConfig):
+    """A learner hook (`rlfleet.learner.hooks.LearnerHook`)."""
+
+    priority: int = Field(0, ge=-1000, le=1000, description="hooks run by priority, lowest "
+                          "first; equal ones in the order listed")
+
+
 class LearnerConfig(Frozen):
     """How learners are fed and how often they publish, report and checkpoint."""
+
+    hooks: list[HookConfig] = Field(default_factory=list, max_length=32, description="the "
+                                    "user's code at named stages of the learner's loop "
+                                    "(before_run, before_iter, after_iter, after_run): "
+                                    "docs/hooks.md")
 
     count: int = Field(1, ge=1, le=1024, description="learners training one policy as a "
                        "data-parallel group (`rlfleet up --learners N`); each takes "
@@ -335,6 +365,10 @@ class DatasetEvalConfig(Frozen):
         return self
 
 
+InfoKey = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                                max_length=128)]
+
+
 class VideoConfig(Frozen):
     """Videos of the evaluated policy (`eval.video`): the `video` extra must be installed."""
 
@@ -344,6 +378,9 @@ class VideoConfig(Frozen):
     episodes: int = Field(1, ge=1, le=10, description="deterministic episodes per video")
     max_frames: int = Field(3000, ge=1, le=100_000, description="a video stops after this many "
                             "frames (an episode that never ends must not fill memory)")
+    render_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword "
+                                          "arguments for the video's env only, on top of "
+                                          "env.kwargs (MuJoCo's width, height, camera_name)")
 
 
 class EvalConfig(Frozen):
@@ -369,6 +406,16 @@ class EvalConfig(Frozen):
         "env's own time limit still ends episodes sooner. The default lies far beyond the "
         "limits of gymnasium's envs (CartPole 500, MuJoCo 1000, Atari 27,000 agent steps); "
         "null: no cap, episodes end only as the env ends them")
+    info_keys: list[InfoKey] = Field(default_factory=list, max_length=32, description="numbers "
+                                     "the env reports in its info at an episode's last step "
+                                     "(dotted paths into nested dicts): their means over the "
+                                     "evaluation's episodes are reported and logged as "
+                                     "eval/<mode>/info/<key>")
+    episode_return_key: InfoKey | None = Field(None, description="an episode's return is what "
+                                               "its last step's info says there (`episode.r` "
+                                               "under RecordEpisodeStatistics): the true "
+                                               "score under clipped or shaped rewards; the sum "
+                                               "of rewards where the info has none")
     stop_value: float | None = Field(475.0, description="mean deterministic return that ends "
                                      "the run as solved")
     dataset: DatasetEvalConfig | None = Field(None, description="also score the policy on a "
@@ -423,6 +470,21 @@ class WandbConfig(Frozen):
                                                "network; `wandb sync` uploads later")
 
 
+class HistogramConfig(Frozen):
+    """Histograms of the learner's networks and data (`logging.histograms`), to TensorBoard
+    and W&B: what DI-engine's gradient and action loggers show."""
+
+    every_train_iterations: int = Field(1000, ge=1, description="take them once per this "
+                                        "many train iterations (on the group's publisher)")
+    bins: int = Field(30, ge=2, le=256, description="buckets per histogram")
+    weights: bool = Field(True, description="each trainable parameter's values")
+    gradients: bool = Field(True, description="each trainable parameter's gradient of the "
+                            "update just made")
+    actions: bool = Field(True, description="the actions of the update's batch")
+    q_values: bool = Field(True, description="Q(s, .) on the batch's observations, for "
+                           "policies that give them (DQN and its kin)")
+
+
 class LoggingConfig(Frozen):
     """One logger per run, in the coordinator, fed by what workers report. Every record's
     step is the run's env step count, so all scopes share one x-axis."""
@@ -440,6 +502,14 @@ class LoggingConfig(Frozen):
         "long run keeps its newest episodes (256 MB: about 850,000 rows); null: no limit, one "
         "file that only grows")
     wandb: WandbConfig = WandbConfig()
+    histograms: HistogramConfig | None = Field(None, description="histograms of weights, "
+                                               "gradients, actions and Q-values at an "
+                                               "interval (null: none)")
+    writers: list[PluginConfig] = Field(default_factory=list, max_length=16, description="more "
+                                        "destinations of every record: a user's class, or "
+                                        "rlfleet's MLflow writer "
+                                        "(rlfleet.shared.telemetry.mlflow_writer:MLflowWriter, "
+                                        "the `mlflow` extra): docs/hooks.md")
 
     @model_validator(mode="after")
     def _known_scopes(self) -> LoggingConfig:
@@ -457,13 +527,17 @@ class LoggingConfig(Frozen):
 class CheckpointConfig(Frozen):
     """The learner's full state (networks, optimizer, counters) in storage."""
 
-    every_train_iterations: int = Field(5000, ge=1, description="the learner saves its full "
-                                        "state this often, and at the end")
+    every_train_iterations: int = Field(5000, ge=0, description="the learner saves its full "
+                                        "state this often, and at the end; 0: only at the "
+                                        "end (and the best stays kept)")
     keep_last: int = Field(3, ge=1, description="checkpoints kept besides the best")
     prefix: str = Field("ckpt", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$",
                         description="checkpoints are stored as <prefix>-<train iteration>")
     metadata: dict[str, str] = Field(default_factory=dict, description="extra strings stored "
                                      "in every checkpoint")
+    dir: str | None = Field(None, description="also write every checkpoint as a file "
+                            "<dir>/<prefix>-<train iteration>.safetensors (relative: to the "
+                            "run directory), pruned along with storage's copies")
 
 
 class CoordinatorConfig(Frozen):
@@ -485,6 +559,11 @@ class CoordinatorConfig(Frozen):
         default_factory=list, max_length=64, description="CIDRs a worker's registered URL "
         "must resolve into (the coordinator POSTs tasks there); empty: any address. The "
         "compose file and deploy/k8s set their own networks")
+    commander: str | None = Field(None, description=(
+        "import path `package.module:Class` of the run's commander "
+        "(`rlfleet.shared.contract.commander.Commander`), made with the run's config: it "
+        "chooses each collect and evaluate task's env settings (a curriculum, level seeds) "
+        "and sees every evaluation; null: every task runs `env.kwargs`"))
 
     @field_validator("worker_networks")
     @classmethod

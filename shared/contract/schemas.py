@@ -41,6 +41,13 @@ Return = Annotated[float, Field(ge=-MAX_RETURN, le=MAX_RETURN, allow_inf_nan=Fal
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 # A share of episodes; None where it was not measured (an env that reports no success).
 SuccessRate = Annotated[float | None, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+# Env settings a task carries (`coordinator.commander`): a few JSON scalars by keyword, and
+# the seeds of the levels the envs replay.
+JsonScalar = Annotated[str, Field(max_length=1024)] | bool | Int64 | Finite | None
+EnvKwargs = Annotated[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")],
+                           JsonScalar], Field(max_length=64)]
+LevelSeeds = Annotated[list[Annotated[int, Field(ge=0, le=2**32 - 1)]] | None,
+                       Field(min_length=1, max_length=10_000)]
 
 
 # `defer_build`: a model's validator is built when it is first used, not when this module is
@@ -248,6 +255,13 @@ class CollectTask(Request):
     epsilon: float | None = Field(None, ge=0, le=1, description="Ape-X: the slot's fixed "
                                   "epsilon, which the collector acts with for as long as it "
                                   "runs; null: the algorithm's own schedule")
+    # -- env settings from the run's commander (`coordinator.commander`) --
+    env_kwargs: EnvKwargs = Field(default_factory=dict, description=(
+        "keyword arguments for the env on top of `env.kwargs`; the coordinator pushes the "
+        "task again when its commander changes them, and the collector rebuilds its envs"))
+    level_seeds: LevelSeeds = Field(None, description=(
+        "env i resets with seed `level_seeds[i % len]` at every episode (a level of a "
+        "procedurally generated env); null: the envs' own seeding"))
 
 
 class LearnTask(Request):
@@ -270,6 +284,9 @@ class EvaluateTask(Request):
         "many as second, instead of episodes"))
     video: bool = Field(False, description="also record a video of the policy (`eval.video`) "
                         "to storage as `video-<task id>`")
+    env_kwargs: EnvKwargs = Field(default_factory=dict, description=(
+        "keyword arguments for the env on top of `env.kwargs` (the commander's "
+        "`evaluate_settings`: the level under evaluation)"))
 
 
 Task = Annotated[CollectTask | LearnTask | EvaluateTask, Field(discriminator="kind")]
@@ -468,6 +485,25 @@ class Consumed(Request):
     chunk_ids: list[Id] = Field(max_length=100_000)
 
 
+class HistogramData(Request):
+    """One histogram, as TensorBoard keeps one: each bucket's right edge and count."""
+
+    min: Finite
+    max: Finite
+    num: Finite = Field(ge=0)
+    sum: Finite
+    sum_squares: Finite
+    bucket_limits: list[Finite] = Field(min_length=1, max_length=256)
+    bucket_counts: list[Finite] = Field(min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> HistogramData:
+        if len(self.bucket_limits) != len(self.bucket_counts):
+            raise ValueError(f"bucket_limits has {len(self.bucket_limits)} entries but "
+                             f"bucket_counts has {len(self.bucket_counts)}")
+        return self
+
+
 class LearnInfo(Request):
     worker_id: Id
     train_iterations: Count
@@ -486,6 +522,9 @@ class LearnInfo(Request):
     nonfinite: dict[str, Count] = Field(default_factory=dict, max_length=256, description=
                                         "NaN or infinite values dropped per metric since the "
                                         "last report")
+    histograms: dict[str, HistogramData] = Field(default_factory=dict, max_length=64,
+                                                 description="logging.histograms, when taken "
+                                                 "since the last report")
     priorities: list[PriorityUpdate] = Field(default_factory=list, max_length=64)
     consumed: list[Consumed] = Field(default_factory=list, max_length=64)
     timers: dict[str, Finite] = Field(default_factory=dict, max_length=32, description="ms per "
@@ -524,6 +563,10 @@ class EvalEpisodes(Request):
         "whether each episode was cut short instead of terminating: by the env's time limit "
         "or at `eval.max_steps`; absent where the evaluation does not say (self-play games "
         "always end)"))
+    info: dict[str, list[Finite | None]] = Field(default_factory=dict, max_length=32,
+                                                description="`eval.info_keys`: each episode's "
+                                                "value at its last step (null where its env "
+                                                "reported none)")
 
     @model_validator(mode="after")
     def _same_length(self) -> EvalEpisodes:
@@ -534,6 +577,10 @@ class EvalEpisodes(Request):
             flags = getattr(self, name)
             if flags is not None and len(flags) != len(self.returns):
                 raise ValueError(f"{name} has {len(flags)} entries but returns has "
+                                 f"{len(self.returns)}")
+        for key, values in self.info.items():
+            if len(values) != len(self.returns):
+                raise ValueError(f"info[{key!r}] has {len(values)} entries but returns has "
                                  f"{len(self.returns)}")
         return self
 
@@ -585,6 +632,9 @@ class EvalSummary(Response):
     truncated: int | None = Field(None, description=(
         "episodes cut short instead of terminating (the env's time limit or `eval.max_steps`),"
         " logged as eval/<mode>/truncated; null where the report did not say"))
+    info: dict[str, float] = Field(default_factory=dict, description="`eval.info_keys`: each "
+                                   "key's mean over the episodes whose env reported it "
+                                   "(logged as eval/<mode>/info/<key>)")
 
 
 class EvaluationResult(Response):
@@ -747,6 +797,36 @@ class BufferChunks(Response):
 
     name: str
     chunk_ids: list[str]
+
+
+class BufferClearRequest(Request):
+    """`POST /buffers/<name>/clear`: no fields (an empty object, or no body)."""
+
+
+class BufferCleared(Response):
+    """What a clear let go of: the buffer's items, and the chunks it referred to (those no
+    other buffer holds are deleted from storage as evicted chunks are)."""
+
+    name: str
+    items: int = Field(description="items the buffer held (a queue: its queued items; the "
+                       "chunks learners hold are released too)")
+    chunks: int = Field(description="chunks the buffer referred to")
+
+
+class BufferLoadRequest(Request):
+    """`POST /buffers/<name>/load`: chunks already written to the run's storage (as a
+    collector writes them), indexed in this one buffer (`rlfleet buffer load`)."""
+
+    chunks: list[ChunkMeta] = Field(min_length=1, max_length=10_000)
+    priorities: list[list[Finite]] | None = Field(
+        None, max_length=10_000, description="prioritized buffers: one priority per row of "
+        "each chunk, in the order of `chunks`; absent: new items' usual (the largest seen)")
+
+
+class BufferLoaded(Response):
+    name: str
+    accepted: int = Field(description="chunks indexed (a chunk already held counts once)")
+    items: int = Field(description="the buffer's items after the load")
 
 
 MAX_EVALUATIONS_PER_PAGE = 1000

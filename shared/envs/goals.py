@@ -15,6 +15,8 @@ Success is what such envs report in `info["is_success"]` on an episode's last st
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -52,14 +54,45 @@ class FlattenGoalObs(gym.ObservationWrapper):
                                for s, k in zip(self._parts, GOAL_KEYS, strict=True)])
 
 
+def _final_source(info: dict, i: int) -> dict:
+    """The info dict that holds env i's final step. Same-step autoreset keeps it under
+    `final_info` (the top level then holds the next episode's reset info, which must not
+    count)."""
+    final, has_final = info.get("final_info"), info.get("_final_info")
+    return final if final and (has_final is None or has_final[i]) else info
+
+
 def episode_success(info: dict, i: int) -> bool | None:
     """Whether env i's episode, which ended at this vector step, ended in success: its final
-    step's `info["is_success"]`. Same-step autoreset keeps the final step's info under
-    `final_info` (the top level then holds the next episode's reset info, which must not
-    count). None when the env reports no success: "not measured" must not read as "failed"."""
-    final, has_final = info.get("final_info"), info.get("_final_info")
-    source = final if final and (has_final is None or has_final[i]) else info
+    step's `info["is_success"]`. None when the env reports no success: "not measured" must
+    not read as "failed"."""
+    source = _final_source(info, i)
     if "is_success" not in source:
         return None
     present = source.get("_is_success")
     return bool(source["is_success"][i]) if present is None or present[i] else None
+
+
+def episode_info(info: dict, i: int, key: str) -> float | None:
+    """A number env i's final step reported under `key` (a dotted path into nested info
+    dicts: `episode.r` for gymnasium's RecordEpisodeStatistics), as a float; None where that
+    env's info does not hold a finite number there (`eval.info_keys`,
+    `eval.episode_return_key`)."""
+    source: Any = _final_source(info, i)
+    *parents, leaf = key.split(".")
+    for part in parents:
+        mask = source.get(f"_{part}") if isinstance(source, dict) else None
+        if not isinstance(source, dict) or part not in source or (
+                mask is not None and not mask[i]):
+            return None
+        source = source[part]
+    if not isinstance(source, dict) or leaf not in source:
+        return None
+    present = source.get(f"_{leaf}")
+    if present is not None and not present[i]:
+        return None
+    try:
+        value = float(np.asarray(source[leaf])[i])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return value if np.isfinite(value) else None

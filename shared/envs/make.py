@@ -21,6 +21,8 @@ from rlfleet.shared.util.imports import load_object
 # The project's own envs, made by id like gymnasium's (`env.id: rlfleet/BitFlip-v0`).
 if "rlfleet/BitFlip-v0" not in gym.registry:
     gym.register("rlfleet/BitFlip-v0", entry_point="rlfleet.shared.envs.bitflip:BitFlipEnv")
+if "rlfleet/Corridor-v0" not in gym.registry:
+    gym.register("rlfleet/Corridor-v0", entry_point="rlfleet.shared.envs.corridor:CorridorEnv")
 if "rlfleet/CartPoleNoVel-v0" not in gym.registry:
     gym.register("rlfleet/CartPoleNoVel-v0",
                  entry_point="rlfleet.shared.envs.pomdp:CartPoleNoVelEnv",
@@ -107,10 +109,12 @@ def make_atari(env_id: str, atari: AtariConfig, kwargs: dict[str, Any] | None = 
     return gym.wrappers.FrameStackObservation(env, stack_size=atari.frame_stack)
 
 
-def _make_one(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+def _make_one(cfg: EnvConfig, render_mode: str | None = None,
+              render_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """One env of a vector env (a module-level function: `async` workers may pickle it);
-    `render_mode="rgb_array"` for one that records videos."""
-    kwargs = {**cfg.kwargs, **({"render_mode": render_mode} if render_mode else {})}
+    `render_mode="rgb_array"` (and `eval.video.render_kwargs`) for one that records videos."""
+    kwargs = {**cfg.kwargs, **(render_kwargs or {}),
+              **({"render_mode": render_mode} if render_mode else {})}
     if cfg.atari is not None:
         env = make_atari(cfg.id, cfg.atari, kwargs)
     else:
@@ -122,9 +126,10 @@ def _make_one(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     return env
 
 
-def make_render_env(cfg: EnvConfig) -> gym.Env:
-    """One env as the collectors' envs are made, rendering `rgb_array` frames (videos)."""
-    env = _make_one(cfg, render_mode="rgb_array")
+def make_render_env(cfg: EnvConfig, render_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """One env as the collectors' envs are made, rendering `rgb_array` frames (videos), with
+    `render_kwargs` on top of `env.kwargs` (a frame size, a camera)."""
+    env = _make_one(cfg, render_mode="rgb_array", render_kwargs=render_kwargs)
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.ClipAction(env)
     return env
@@ -146,7 +151,30 @@ def goal_functions(cfg: EnvConfig) -> tuple[Any, Any]:
     return inner.compute_reward, getattr(inner, "compute_terminated", None)
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+class LevelSeed(gym.Wrapper):
+    """An env that resets with one seed at every episode: it replays one level of a
+    procedurally generated env (a task's `level_seeds`)."""
+
+    def __init__(self, env: gym.Env, level_seed: int) -> None:
+        super().__init__(env)
+        self.level_seed = level_seed
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return self.env.reset(seed=self.level_seed, options=options)
+
+
+def _make_level(cfg: EnvConfig, level_seed: int) -> gym.Env:
+    return LevelSeed(_make_one(cfg), level_seed)
+
+
+def with_env_kwargs(cfg: EnvConfig, env_kwargs: dict[str, Any]) -> EnvConfig:
+    """`cfg` with `env_kwargs` on top of its `kwargs` (a task's env settings)."""
+    return cfg.model_copy(update={"kwargs": {**cfg.kwargs, **env_kwargs}}) if env_kwargs \
+        else cfg
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int,
+                    level_seeds: list[int] | None = None) -> gym.vector.VectorEnv:
     """A vector env that resets finished envs in the same step and reports their final
     observation in `info["final_obs"]` (so no transition is lost or faked). Continuous
     actions are clipped to the action space by the env, so policies store what they sampled.
@@ -156,9 +184,16 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.Vect
     than they save (collectors scale out as processes instead). `async` steps each env in a
     subprocess of its own, for envs slow enough that stepping them in parallel pays;
     `envpool` steps the batch in EnvPool's C++ threads (`shared/envs/envpool_vec.py`).
+
+    `level_seeds`: env i resets with `level_seeds[i % len]` at every episode (`LevelSeed`).
     """
     same_step = gym.vector.AutoresetMode.SAME_STEP
     fns = [partial(_make_one, cfg) for _ in range(num_envs)]
+    if level_seeds:
+        if cfg.backend == "envpool":
+            raise ValueError("level seeds need env.backend sync or async, not envpool")
+        fns = [partial(_make_level, cfg, level_seeds[i % len(level_seeds)])
+               for i in range(num_envs)]
     if cfg.backend == "envpool":
         from rlfleet.shared.envs.envpool_vec import EnvPoolVector
 

@@ -20,6 +20,7 @@ from rlfleet.shared.algos.capabilities import (
 )
 from rlfleet.shared.algos.registry import algo_spec
 from rlfleet.shared.contract.algo import HindsightSettings
+from rlfleet.shared.contract.commander import load_commander
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.run.config import RunConfig
@@ -58,6 +59,15 @@ def run_env_spec(cfg: RunConfig) -> EnvSpec:
         raise ConfigError(f"env.id={cfg.env.id!r}: {what}{err}") from None
 
 
+def check_hooks(cfg: RunConfig) -> None:
+    """The learner's hooks import and can be made (the logger's writers are checked by
+    `rlfleet check`, which may import the telemetry layer)."""
+    if cfg.learner.hooks:
+        from rlfleet.shared.algos.hooks import load_hooks
+
+        load_hooks(cfg.learner.hooks)
+
+
 def check_runnable(cfg: RunConfig, build: bool = True) -> Checked:
     """Build and check what a run's config names; raises `ConfigError` naming the field.
 
@@ -65,6 +75,8 @@ def check_runnable(cfg: RunConfig, build: bool = True) -> Checked:
     caller (`rlfleet up`) never imports torch; a policy or a reward model named by import
     path is always built, since only building it can show it works."""
     env = run_env_spec(cfg)
+    load_commander(cfg)  # `coordinator.commander`: a bad one is a ConfigError naming it
+    check_hooks(cfg)
     if isinstance(cfg.algo, HindsightSettings) and cfg.algo.her is not None \
             and env.goal is None:
         raise ConfigError(f"algo.her: hindsight relabelling needs a goal-conditioned env (a "

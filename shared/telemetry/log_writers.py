@@ -145,6 +145,22 @@ class TensorBoardWriter:
                 wall_time=time.time(), step=step,
                 summary=self._summary(value=[self._summary.Value(tag=tag, image=image)])))
 
+    def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
+        """`hist/<name>` in TensorBoard's histogram tab (HistogramData's fields are its
+        HistogramProto's)."""
+        self._opened.wait(10)
+        with self._lock:
+            if self._writer is None:
+                return
+            from tensorboard.compat.proto.summary_pb2 import HistogramProto
+
+            values = [self._summary.Value(tag=f"hist/{name}", histo=HistogramProto(
+                min=h.min, max=h.max, num=h.num, sum=h.sum, sum_squares=h.sum_squares,
+                bucket_limit=h.bucket_limits, bucket=h.bucket_counts))
+                for name, h in histograms.items()]
+            self._writer.add_event(self._event(wall_time=time.time(), step=step,
+                                               summary=self._summary(value=values)))
+
     def flush(self) -> None:
         self._opened.wait()
         if self._writer is not None:
@@ -235,6 +251,18 @@ class WandbWriter:
             self._run.log({tag: wandb.Video(str(mp4), format="mp4"), WANDB_STEP_KEY: step})
         except Exception as err:
             self._disable("cannot log a video", err)
+
+    def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
+        if self._run is None:
+            return
+        try:
+            import wandb
+
+            self._run.log({**{f"hist/{name}": wandb.Histogram(np_histogram=(
+                h.bucket_counts, [h.min, *h.bucket_limits])) for name, h in histograms.items()},
+                WANDB_STEP_KEY: step})
+        except Exception as err:
+            self._disable("cannot log histograms", err)
 
     def flush(self) -> None:
         """W&B streams to its own service process; there is nothing to flush here."""

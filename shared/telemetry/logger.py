@@ -37,6 +37,7 @@ from rlfleet.shared.telemetry.log_writers import (
     TensorBoardWriter,
     WandbWriter,
 )
+from rlfleet.shared.telemetry.plugins import user_writers
 from rlfleet.shared.telemetry.rundata import JSONL_NAME, RESERVED, read_records
 
 log = logging.getLogger("rlfleet.logger")
@@ -94,6 +95,8 @@ class RunLogger:
             if cfg.wandb.enabled:
                 self._writers.append(WandbWriter(self.run_dir, cfg.wandb, run_name, config,
                                                  resume))
+            self._writers.extend(user_writers(cfg, self.run_dir, run_name, config or {},
+                                              resume))
         except BaseException:
             self._close_writers(report=False)
             raise
@@ -135,6 +138,19 @@ class RunLogger:
                 writer.video(tag, step, mp4, gif, fps)
             except Exception:
                 log.exception("video not logged to %s", type(writer).__name__)
+
+    def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
+        """Histograms (`logging.histograms`: HistogramData by name) to the writers that
+        show them (TensorBoard, W&B), as `hist/<name>`; one that fails is logged."""
+        with self._lock:
+            if self._closed:
+                return
+            writers = [w for w in self._writers if hasattr(w, "histograms")]
+        for writer in writers:
+            try:
+                writer.histograms(int(step), histograms)
+            except Exception:
+                log.exception("histograms not logged to %s", type(writer).__name__)
 
     def add_writer(self, writer: MetricWriter) -> None:
         """One more destination for every record from now on (the coordinator's feed for

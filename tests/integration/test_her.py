@@ -48,7 +48,7 @@ def test_her_solves_bit_flipping_through_the_cluster_and_plain_dqn_does_not(laun
     cfg = read_run_config(run)
     policy, _ = load_best_policy(cfg, run)
     envs = make_vector_env(cfg.env, 20, seed=12345)
-    returns, _, successes, _ = evaluate(envs, policy, 200, seed=12345)
+    returns, _, successes, *_ = evaluate(envs, policy, 200, seed=12345)
     envs.close()
     success = float(np.mean(successes))
     assert success >= 0.9, (success, np.mean(returns))

@@ -92,8 +92,10 @@ def module_task_sink() -> Iterator[Callable[[], TaskSink]]:
 # -- real coordinators ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def coordinator_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorPool]:
+    """The unit suite's coordinators, every one stopped when the suite ends: a prewarmed spare
+    nobody took would otherwise idle (and tick) through the slow suites after it."""
     pool = CoordinatorPool(tmp_path_factory.mktemp("coordinators"))
     try:
         yield pool

@@ -75,7 +75,7 @@ def test_made_by_id_and_flattened_in_a_fixed_order():
 @pytest.mark.parametrize("policy, low, high", [(Perfect(), 1.0, 1.0), (Stubborn(), 0.0, 0.5)])
 def test_evaluation_counts_success_from_the_envs_info(policy, low, high):
     envs = make_vector_env(CFG, 5, seed=0)
-    returns, _, successes, _ = evaluate(envs, policy, 40, seed=0)
+    returns, _, successes, *_ = evaluate(envs, policy, 40, seed=0)
     envs.close()
     assert len(returns) == len(successes) == 40
     assert low <= np.mean(successes) <= high

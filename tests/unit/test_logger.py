@@ -15,6 +15,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rlfleet.learner.histograms import histogram
 from rlfleet.shared.contract.config import LoggingConfig, ScopeConfig, WandbConfig
 from rlfleet.shared.telemetry.logger import RunLogger
 
@@ -254,6 +255,8 @@ def test_wandb_offline_writes_its_run_under_the_run_dir(tmp_path: Path) -> None:
         for step in range(5):
             logger.log("train", step * 1000, {"train/loss": 777000 + step})
         logger.log("eval", 2000, {"eval/deterministic/return_mean": 424242})  # an older step
+        logger.histograms(4000, {"actions": histogram([0, 1, 1, 1], bins=2)})
+        assert logger._writers[-1]._run is not None  # the histogram did not turn W&B off
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     # wandb-core, a process of its own, writes the records, and may have written only the
     # file's header when finish() returns: wait for it, bounded.

@@ -211,8 +211,8 @@ def test_evaluation_spreads_episodes_evenly_and_means_the_finished_ones(
     envs = make_vector_env(EnvConfig(id="my_rl:LengthByIndex", num_envs=num_envs),
                            num_envs, seed=0)
     try:
-        returns, lengths, successes, truncated = evaluate(envs, RandomPolicy(0), episodes,
-                                                          seed=1)
+        returns, lengths, successes, truncated, _ = evaluate(envs, RandomPolicy(0), episodes,
+                                                             seed=1)
     finally:
         envs.close()
     quota = [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
@@ -279,6 +279,26 @@ def test_the_cap_cuts_only_episodes_still_running_at_it(monkeypatch):
     assert sorted(uncapped.lengths) == [2, 2, 4, 4, 6, 6] and not any(uncapped.truncated)
     with pytest.raises(ValueError, match="eval.max_steps=0"):
         evaluate(envs, RandomPolicy(0), 1, seed=1, max_steps=0)
+
+
+def test_evaluation_reports_info_values_and_the_env_reported_return(monkeypatch):
+    """`eval.info_keys` and `eval.episode_return_key`: env i's episodes last 2(i+1) steps and
+    its last step's info says `distance` (that length) and `episode.r` (100 per step)."""
+    monkeypatch.syspath_prepend(str(USERLAND))
+    import my_rl
+
+    my_rl.LengthByIndex.made = 0
+    envs = make_vector_env(EnvConfig(id="my_rl:ScoredByIndex", num_envs=3), 3, seed=0)
+    try:
+        done = evaluate(envs, RandomPolicy(0), 6, seed=1, info_keys=("distance", "missing"),
+                        return_key="episode.r")
+        plain = evaluate(envs, RandomPolicy(0), 6, seed=1, return_key="no.such")
+    finally:
+        envs.close()
+    assert done.returns == [100.0 * n for n in done.lengths]
+    assert done.infos["distance"] == [float(n) for n in done.lengths]
+    assert done.infos["missing"] == [None] * 6
+    assert plain.returns == [float(n) for n in plain.lengths] and plain.infos == {}
 
 
 @pytest.mark.parametrize("mode", ["samples", "episodes"])

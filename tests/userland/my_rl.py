@@ -4,6 +4,7 @@ user would make their package importable on every worker."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.hooks import LearnerHook
 from rlfleet.shared.algos.nets import mlp
 
 
@@ -202,3 +204,84 @@ class CrashingDQN(DQN):
             marker.write_text(str(self.train_iterations))
             raise RuntimeError("the user's update broke")
         return super().learn(batch, weights)
+
+
+class ScoredByIndex(LengthByIndex):
+    """LengthByIndex whose last step's info reports `distance` (the episode's length) and, as
+    gymnasium's RecordEpisodeStatistics would, `episode.r`: a true score of 100 per step that
+    the rewards (1 a step) do not show. It renders flat frames of `frame_size` pixels."""
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, frame_size: int = 32, render_mode: str | None = None) -> None:
+        super().__init__()
+        self.frame_size = frame_size
+        self.render_mode = render_mode
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if terminated:
+            info = {"distance": float(self.length), "episode": {"r": 100.0 * self.length}}
+        return obs, reward, terminated, truncated, info
+
+    def render(self):
+        shade = (40 * self.t) % 256
+        return np.full((self.frame_size, self.frame_size, 3), shade, dtype=np.uint8)
+
+
+# -- learner hooks and a metric writer, as a user writes them (docs/extending.md) ------------
+
+HOOK_ORDER: list[str] = []  # the stages as this process ran them, across hooks
+
+
+class CountingHook(LearnerHook):
+    """Counts updates, adds each update's batch size as `hook_batch_rows` to its metrics, and
+    writes what it saw to `out` (JSON) after the run."""
+
+    def __init__(self, out: str, name: str = "counting") -> None:
+        self.out, self.name, self.updates, self.rows = Path(out), name, 0, 0
+
+    def before_run(self, ctx) -> None:
+        HOOK_ORDER.append(f"{self.name}.before_run")
+        self.started_at = ctx.train_iterations
+
+    def before_iter(self, ctx) -> None:
+        self.rows = int(next(iter(ctx.batch.values())).shape[0])
+
+    def after_iter(self, ctx) -> None:
+        self.updates += 1
+        ctx.metrics["hook_batch_rows"] = float(self.rows)
+
+    def after_run(self, ctx) -> None:
+        HOOK_ORDER.append(f"{self.name}.after_run")
+        self.out.write_text(json.dumps({
+            "order": HOOK_ORDER, "updates": self.updates, "started_at": self.started_at,
+            "train_iterations": ctx.train_iterations, "rank": ctx.rank}))
+
+
+class FirstHook(LearnerHook):
+    """Only marks its stages: with a lower priority it runs before CountingHook."""
+
+    def before_run(self, ctx) -> None:
+        HOOK_ORDER.append("first.before_run")
+
+    def after_run(self, ctx) -> None:
+        HOOK_ORDER.append("first.after_run")
+
+
+class JsonLinesWriter:
+    """A metric writer of the user's: every record as a JSON line of `path`."""
+
+    def __init__(self, run_dir, run_name: str, config: dict, resume: bool, path: str) -> None:
+        self.file = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - until close()
+        self.run_name = run_name
+
+    def write(self, scope: str, step: int, wall_time: float, scalars) -> None:
+        self.file.write(json.dumps({"run": self.run_name, "scope": scope, "step": step,
+                                    **scalars}) + "\n")
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

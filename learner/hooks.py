@@ -1,0 +1,62 @@
+"""Running the learner's hooks (`learner.hooks`, written as `rlfleet.shared.algos.hooks`
+describes) at their stages of the training loops.
+
+A hook that raises stops the learner like a policy that raises: it is the user's code in the
+loop, and a run that silently skipped it would train something else than asked. With no hooks
+the loops pay nothing: `per_update` is False and they skip the calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlfleet.shared.algos.hooks import STAGES, HookContext, LearnerHook, load_hooks
+from rlfleet.shared.contract.config import HookConfig
+
+__all__ = ["HookContext", "HookRunner", "LearnerHook"]
+
+
+class HookRunner:
+    """The learner's hooks in their order, stage by stage."""
+
+    def __init__(self, hooks: list[tuple[int, Any]], ctx: HookContext) -> None:
+        ordered = [hook for _, _, hook in sorted(
+            (priority, i, hook) for i, (priority, hook) in enumerate(hooks))]
+        self.ctx = ctx
+        # a stage a hook leaves as LearnerHook's no-op is not called at all
+        self._stages = {stage: [getattr(h, stage) for h in ordered
+                                if callable(getattr(h, stage, None))
+                                and getattr(type(h), stage, None)
+                                is not getattr(LearnerHook, stage)] for stage in STAGES}
+        self.active = any(self._stages.values())
+        self._iterating = bool(self._stages["before_iter"] or self._stages["after_iter"])
+
+    @classmethod
+    def from_config(cls, configs: list[HookConfig], ctx: HookContext) -> HookRunner:
+        return cls(load_hooks(configs), ctx)
+
+    @property
+    def per_update(self) -> bool:
+        """Whether any hook runs around each update (the loops skip both calls if not)."""
+        return self._iterating
+
+    def before_run(self) -> None:
+        for call in self._stages["before_run"]:
+            call(self.ctx)
+
+    def before_iter(self, batch: Mapping[str, Any]) -> None:
+        self.ctx.batch = batch
+        for call in self._stages["before_iter"]:
+            call(self.ctx)
+
+    def after_iter(self, metrics: dict[str, Any]) -> None:
+        """`metrics` is the update's, which hooks may add to (the caller reports it)."""
+        self.ctx.metrics = metrics
+        for call in self._stages["after_iter"]:
+            call(self.ctx)
+        self.ctx.batch = None
+
+    def after_run(self) -> None:
+        for call in self._stages["after_run"]:
+            call(self.ctx)
