@@ -47,7 +47,8 @@ def test_info_values_the_env_reported_return_and_render_kwargs(launch, tmp_path)
             assert s["info"] == {"distance": pytest.approx(s["length_mean"])}
     run = load_run(run_dir)
     steps, distance, _ = run.series("eval/deterministic/info/distance")
-    assert len(steps) == len(evaluations) and (distance > 0).all()
+    # (an evaluation reported as the run stopped may be logged but not in evaluations.json)
+    assert len(steps) >= len(evaluations) and (distance > 0).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["videos"]
     frames = read_frames(run_dir / summary["videos"][0])

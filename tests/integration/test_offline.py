@@ -49,10 +49,10 @@ def test_export_then_learn_offline(launch, tmp_path):
     out = _cli("export", str(run), "--out", str(root), "--dataset-id",
                "rlfleet/cartpole-all-v0")  # every episode the buffer saver kept
     assert out.startswith("exported") and "from saved" in out and int(out.split()[1]) > 100
-    # the solved run's best policy, acting as evaluated: 20 episodes, the good ones (with the
-    # collectors' final epsilon a barely solved policy may keep few of 20)
+    # the solved run's best policy, acting as evaluated: 40 episodes, the good ones (a barely
+    # solved policy may keep few of them, and CQL below needs enough expert steps)
     out = _cli("export", str(run), "--out", str(root), "--dataset-id",
-               "rlfleet/cartpole-expert-v0", "--source", "policy", "--episodes", "20",
+               "rlfleet/cartpole-expert-v0", "--source", "policy", "--episodes", "40",
                "--min-return", "400", "--greedy")
     n_expert = int(out.split()[1])  # "exported N episodes ..."
     # as many of the run's first episodes, acted at random (epsilon 1): half and half
