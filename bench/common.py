@@ -17,11 +17,13 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -384,3 +386,46 @@ def exit_on_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit)
 
+
+
+@dataclass
+class UpRun:
+    """What one `rlfleet up` of a bench left: its exit code, `summary.json` (None when it
+    wrote none) and its deterministic evaluations as (env steps, return, seconds into the
+    run)."""
+
+    code: int
+    summary: dict | None
+    evaluations: list[tuple[int, float, float]] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        return self.summary["outcome"] if self.summary else f"exit {self.code}"
+
+
+def run_up(run_dir: Path, config: Path, collectors: int, what: str) -> UpRun:
+    """`rlfleet up` on `config` into `run_dir` (its output in `up.log` there), read back;
+    `what` names the run in the line logged when it left no summary."""
+    from rlfleet.shared.telemetry.rundata import load_run
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
+           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
+    with open(run_dir / "up.log", "wb") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                               preexec_fn=die_with_parent)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    if summary is None:
+        log(f"[red]{what}: rlfleet up exited with {code} and no summary; see "
+            f"{run_dir / 'up.log'}[/]")
+    up = UpRun(code, summary)
+    if (run_dir / "metrics.jsonl").exists():
+        run = load_run(run_dir)
+        key = "eval/deterministic/return_mean"
+        if key in run:
+            steps, values, walls = run.series(key)
+            start = min(float(cols["wall_time"].min()) for cols in run.scopes.values())
+            up.evaluations = [(int(s), float(v), float(w - start)) for s, v, w in
+                              zip(steps, values, walls, strict=True)]
+    return up

@@ -19,8 +19,6 @@ last evaluation, env steps and wall seconds. The last line of stdout is one JSON
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -31,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
-    die_with_parent,
     emit,
     exit_on_signals,
     fmt,
@@ -41,6 +38,9 @@ from bench.common import (  # noqa: E402
     median,
     parse_args,
     print_tables,
+)
+from bench.common import (  # noqa: E402
+    run_up as run_cluster,
 )
 
 CONFIGS = {"r2d2": REPO_ROOT / "configs" / "cartpolenovel-r2d2.yaml",
@@ -90,31 +90,11 @@ def budget_config(variant: str, seed: int, env_steps: int, eval_every: int | Non
 
 
 def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
-    from rlfleet.shared.telemetry.rundata import load_run
-
-    run_dir = work / f"{variant}-s{seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
-    with open(run_dir / "up.log", "wb") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               preexec_fn=die_with_parent)
-    result = Result(variant, seed, outcome=f"exit {code}")
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        result.env_steps, result.wall_s, result.outcome = (s["env_steps"], s["wall_seconds"],
-                                                           s["outcome"])
-    else:
-        log(f"[red]{variant} seed {seed}: rlfleet up exited with {code} and no summary; see "
-            f"{run_dir / 'up.log'}[/]")
-    if (run_dir / "metrics.jsonl").exists():
-        run = load_run(run_dir)
-        key = "eval/deterministic/return_mean"
-        if key in run:
-            steps, values, _ = run.series(key)
-            result.evaluations = [(int(s), float(v)) for s, v in zip(steps, values,
-                                                                     strict=True)]
+    up = run_cluster(work / f"{variant}-s{seed}", config, collectors, f"{variant} seed {seed}")
+    result = Result(variant, seed, outcome=up.outcome,
+                    evaluations=[(s, r) for s, r, _ in up.evaluations])
+    if up.summary:
+        result.env_steps, result.wall_s = up.summary["env_steps"], up.summary["wall_seconds"]
     return result
 
 

@@ -24,8 +24,6 @@ limits it, so its wall time says more about the machine than about SAC.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -36,9 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
-    die_with_parent,
     emit,
     exit_on_signals,
     fmt,
@@ -47,6 +44,9 @@ from bench.common import (  # noqa: E402
     parse_args,
     print_tables,
     ratio,
+)
+from bench.common import (  # noqa: E402
+    run_up as run_cluster,
 )
 
 CONFIGS = {"sac": REPO_ROOT / "configs" / "halfcheetah-sac.yaml",
@@ -108,33 +108,10 @@ def budget_config(variant: str, seed: int, env_steps: int, args: argparse.Namesp
 
 
 def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
-    from rlfleet.shared.telemetry.rundata import load_run
-
-    run_dir = work / f"{variant}-s{seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
-    with open(run_dir / "up.log", "wb") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               preexec_fn=die_with_parent)
-    result = Result(variant, seed, outcome=f"exit {code}")
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        result.env_steps, result.wall_s, result.outcome = (s["env_steps"], s["wall_seconds"],
-                                                           s["outcome"])
-    else:
-        log(f"[red]{variant} seed {seed}: rlfleet up exited with {code} and no summary; see "
-            f"{run_dir / 'up.log'}[/]")
-    if (run_dir / "metrics.jsonl").exists():
-        run = load_run(run_dir)
-        key = "eval/deterministic/return_mean"
-        if key in run:
-            steps, values, walls = run.series(key)
-            start = min(float(cols["wall_time"].min()) for cols in run.scopes.values())
-            walls = walls - start  # seconds into the run
-            result.evaluations = [(int(s), float(v), float(w)) for s, v, w in
-                                  zip(steps, values, walls, strict=True)]
+    up = run_cluster(work / f"{variant}-s{seed}", config, collectors, f"{variant} seed {seed}")
+    result = Result(variant, seed, outcome=up.outcome, evaluations=up.evaluations)
+    if up.summary:
+        result.env_steps, result.wall_s = up.summary["env_steps"], up.summary["wall_seconds"]
     return result
 
 
