@@ -71,7 +71,83 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     return start + frac * (end - start)
 
 
-class DQN:
+class QLearner:
+    """What DQN and R2D2 share: an online and a target Q-network stepped by one optimizer
+    (made on first use), epsilon-greedy acting with a linear decay or a fixed epsilon
+    (EpsilonGreedy), one gradient step with a group's all-reduce and the target's copy,
+    and checkpoints of both networks and the optimizer. A subclass sets `cfg`, `q`,
+    `target`, `_params`, `_optimizer`, `precision`, `reducer`, `fixed_epsilon` and
+    `train_iterations`."""
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """Made on first use: only a learner ever steps it (`shared/algos/optim.py`)."""
+        if self._optimizer is None:
+            self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
+        return self._optimizer
+
+    def set_precision(self, precision: Precision) -> None:
+        """Learn under `learner.precision` (MixedPrecision)."""
+        self.precision = precision
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Optimizer) -> None:
+        """A subclass may bring its own (for a network of its own)."""
+        self._optimizer = optimizer
+
+    def set_reducer(self, reducer: Reducer | None) -> None:
+        """Learn as one rank of a data-parallel group (None: alone)."""
+        self.reducer = reducer
+
+    def epsilon(self, env_step: int) -> float:
+        """The fixed epsilon if one was set, else the linear decay at this env step of the
+        run (EpsilonGreedy)."""
+        if self.fixed_epsilon is not None:
+            return self.fixed_epsilon
+        c = self.cfg
+        return linear_epsilon(env_step, c.eps_start, c.eps_end, c.eps_decay_steps)
+
+    def set_epsilon(self, epsilon: float | None) -> None:
+        """Act with this fixed epsilon (an Ape-X collector's), or None: the decay
+        (EpsilonGreedy)."""
+        if epsilon is not None and not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon {epsilon} is not a probability")
+        self.fixed_epsilon = None if epsilon is None else float(epsilon)
+
+    def _step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One gradient step on `loss` (averaged over a learner group's ranks), and the
+        target network's copy when it is due; returns the gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.backward(loss)
+        if self.reducer is not None and self.reducer.world_size > 1:
+            sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
+        self.precision.unscale(self.optimizer)
+        grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
+        self.precision.step(self.optimizer)
+        self.train_iterations += 1
+        if self.train_iterations % self.cfg.target_update_every == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return grad_norm
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
+        out.update({f"target.{k}": v.detach().clone()
+                    for k, v in self.target.state_dict().items()})
+        out.update(optimizer_state(self.optimizer))
+        out["train_iterations"] = torch.tensor(self.train_iterations)
+        return out
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.q.load_state_dict({k[2:]: v for k, v in state.items() if k.startswith("q.")})
+        self.target.load_state_dict({k[7:]: v for k, v in state.items()
+                                     if k.startswith("target.")})
+        load_optimizer_state(self.optimizer, dict(state))
+        self.train_iterations = int(state["train_iterations"])
+
+
+class DQN(QLearner):
     on_policy: ClassVar[bool] = False
     rng: np.random.Generator  # the acting stream (SeededActing)
     device: torch.device  # where its networks live (Placeable)
@@ -100,13 +176,6 @@ class DQN:
         self.precision: Precision = FP32
         self.fixed_epsilon: float | None = None  # set_epsilon (EpsilonGreedy)
 
-    @property
-    def optimizer(self) -> Optimizer:
-        """Made on first use: only a learner ever steps it (`shared/algos/optim.py`)."""
-        if self._optimizer is None:
-            self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
-        return self._optimizer
-
     def to(self, device: torch.device) -> None:
         """Both networks, and any optimizer state, on `device` (Placeable)."""
         self.device = torch.device(device)
@@ -115,35 +184,7 @@ class DQN:
         if self._optimizer is not None:  # its state follows the parameters it loads into
             self._optimizer.load_state_dict(self._optimizer.state_dict())
 
-    def set_precision(self, precision: Precision) -> None:
-        """Learn under `learner.precision` (MixedPrecision)."""
-        self.precision = precision
-
-    @optimizer.setter
-    def optimizer(self, optimizer: Optimizer) -> None:
-        """A subclass may bring its own (for a network of its own)."""
-        self._optimizer = optimizer
-
-    def set_reducer(self, reducer: Reducer | None) -> None:
-        """Learn as one rank of a data-parallel group (None: alone)."""
-        self.reducer = reducer
-
     # -- acting -----------------------------------------------------------------------------
-
-    def epsilon(self, env_step: int) -> float:
-        """The fixed epsilon if one was set, else the linear decay at this env step of the
-        run (EpsilonGreedy)."""
-        if self.fixed_epsilon is not None:
-            return self.fixed_epsilon
-        c = self.cfg
-        return linear_epsilon(env_step, c.eps_start, c.eps_end, c.eps_decay_steps)
-
-    def set_epsilon(self, epsilon: float | None) -> None:
-        """Act with this fixed epsilon (an Ape-X collector's), or None: the decay
-        (EpsilonGreedy)."""
-        if epsilon is not None and not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"epsilon {epsilon} is not a probability")
-        self.fixed_epsilon = None if epsilon is None else float(epsilon)
 
     def _greedy(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         with torch.inference_mode():
@@ -231,35 +272,3 @@ class DQN:
                 * not_done * next_q
         q = all_q.gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
         return q, target
-
-    def _step(self, loss: torch.Tensor) -> torch.Tensor:
-        """One gradient step on `loss` (averaged over a learner group's ranks), and the
-        target network's copy when it is due; returns the gradient norm before clipping."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss)
-        if self.reducer is not None and self.reducer.world_size > 1:
-            sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
-        self.precision.unscale(self.optimizer)
-        grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
-        self.precision.step(self.optimizer)
-        self.train_iterations += 1
-        if self.train_iterations % self.cfg.target_update_every == 0:
-            self.target.load_state_dict(self.q.state_dict())
-        return grad_norm
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
-        out.update({f"target.{k}": v.detach().clone()
-                    for k, v in self.target.state_dict().items()})
-        out.update(optimizer_state(self.optimizer))
-        out["train_iterations"] = torch.tensor(self.train_iterations)
-        return out
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.q.load_state_dict({k[2:]: v for k, v in state.items() if k.startswith("q.")})
-        self.target.load_state_dict({k[7:]: v for k, v in state.items()
-                                     if k.startswith("target.")})
-        load_optimizer_state(self.optimizer, dict(state))
-        self.train_iterations = int(state["train_iterations"])

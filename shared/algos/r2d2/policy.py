@@ -35,16 +35,11 @@ from torch import nn
 
 from rlfleet.shared.algos.base import RECURRENT_PREFIX, ActOutput, LearnOutput, Optimizer, Reducer
 from rlfleet.shared.algos.device import FP32, Precision
-from rlfleet.shared.algos.dqn.policy import linear_epsilon, masked_q
+from rlfleet.shared.algos.dqn.policy import QLearner, masked_q
 from rlfleet.shared.algos.nets import (
     as_obs_tensor,
-    clip_grad_norm,
-    load_optimizer_state,
     mlp,
-    optimizer_state,
-    sum_gradients,
 )
-from rlfleet.shared.algos.optim import adam
 from rlfleet.shared.algos.r2d2.config import R2D2Config
 from rlfleet.shared.contract.spec import EnvSpec
 
@@ -116,7 +111,7 @@ def n_step_targets(reward: torch.Tensor, terminated: torch.Tensor, cut: torch.Te
     return total + discount * not_done * boot.gather(1, last)
 
 
-class R2D2:
+class R2D2(QLearner):
     on_policy: ClassVar[bool] = False
     rng: np.random.Generator  # the acting stream (SeededActing)
     device: torch.device  # where its networks live (Placeable)
@@ -148,12 +143,6 @@ class R2D2:
         # acting's and evaluation's states, one row per env, made at the first call
         self._states: dict[bool, State | None] = {False: None, True: None}
 
-    @property
-    def optimizer(self) -> Optimizer:
-        if self._optimizer is None:
-            self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
-        return self._optimizer
-
     def to(self, device: torch.device) -> None:
         """Both networks, the states and any optimizer state on `device` (Placeable)."""
         self.device = torch.device(device)
@@ -164,24 +153,7 @@ class R2D2:
         if self._optimizer is not None:
             self._optimizer.load_state_dict(self._optimizer.state_dict())
 
-    def set_precision(self, precision: Precision) -> None:
-        self.precision = precision
-
-    def set_reducer(self, reducer: Reducer | None) -> None:
-        self.reducer = reducer
-
     # -- acting -----------------------------------------------------------------------------
-
-    def epsilon(self, env_step: int) -> float:
-        if self.fixed_epsilon is not None:
-            return self.fixed_epsilon
-        c = self.cfg
-        return linear_epsilon(env_step, c.eps_start, c.eps_end, c.eps_decay_steps)
-
-    def set_epsilon(self, epsilon: float | None) -> None:
-        if epsilon is not None and not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"epsilon {epsilon} is not a probability")
-        self.fixed_epsilon = None if epsilon is None else float(epsilon)
 
     def reset_state(self, envs: np.ndarray | None = None, evaluation: bool = False) -> None:
         """Zero these envs' state (None: forget every env's) (Recurrent)."""
@@ -193,7 +165,7 @@ class R2D2:
         state[0][idx] = 0.0
         state[1][idx] = 0.0
 
-    def _step(self, obs: np.ndarray, evaluation: bool) -> tuple[torch.Tensor, State]:
+    def _forward(self, obs: np.ndarray, evaluation: bool) -> tuple[torch.Tensor, State]:
         """Q-values of one step for every env, advancing that side's state; returns the
         state the envs acted from."""
         n = obs.shape[0]
@@ -219,14 +191,14 @@ class R2D2:
 
     def act(self, obs: np.ndarray, env_step: int, mask: np.ndarray | None = None
             ) -> ActOutput:
-        q, before = self._step(obs, evaluation=False)
+        q, before = self._forward(obs, evaluation=False)
         actions = self._choose(q, self.epsilon(env_step), mask)
         return ActOutput(actions, {STATE_H: before[0].cpu().numpy(),
                                    STATE_C: before[1].cpu().numpy()})
 
     def act_eval(self, obs: np.ndarray, deterministic: bool = True,
                  mask: np.ndarray | None = None) -> np.ndarray:
-        q, _ = self._step(obs, evaluation=True)
+        q, _ = self._forward(obs, evaluation=True)
         return self._choose(q, 0.0 if deterministic else self.cfg.eval_epsilon, mask)
 
     def bootstrap(self, obs: np.ndarray) -> None:
@@ -277,40 +249,10 @@ class R2D2:
         rows = mask.sum(1).clamp(min=1.0)
         per_sequence = (F.smooth_l1_loss(q, target, reduction="none") * mask).sum(1) / rows
         loss = per_sequence.mean() if weights is None else (weights * per_sequence).mean()
-        grad_norm = self._update(loss)
+        grad_norm = self._step(loss)
         td = (target - q.detach()).abs() * mask
         priorities = cfg.priority_eta * td.max(1).values \
             + (1.0 - cfg.priority_eta) * td.sum(1) / rows
         return LearnOutput({"loss": loss.detach(), "q_mean": (q.detach() * mask).sum() /
                             mask.sum().clamp(min=1.0), "grad_norm": grad_norm,
                             "valid_fraction": valid.float().mean()}, priorities)
-
-    def _update(self, loss: torch.Tensor) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss)
-        if self.reducer is not None and self.reducer.world_size > 1:
-            sum_gradients(self._params, self.reducer, scale=1.0 / self.reducer.world_size)
-        self.precision.unscale(self.optimizer)
-        grad_norm = clip_grad_norm(self._params, self.cfg.max_grad_norm)
-        self.precision.step(self.optimizer)
-        self.train_iterations += 1
-        if self.train_iterations % self.cfg.target_update_every == 0:
-            self.target.load_state_dict(self.q.state_dict())
-        return grad_norm
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
-        out.update({f"target.{k}": v.detach().clone()
-                    for k, v in self.target.state_dict().items()})
-        out.update(optimizer_state(self.optimizer))
-        out["train_iterations"] = torch.tensor(self.train_iterations)
-        return out
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.q.load_state_dict({k[2:]: v for k, v in state.items() if k.startswith("q.")})
-        self.target.load_state_dict({k[7:]: v for k, v in state.items()
-                                     if k.startswith("target.")})
-        load_optimizer_state(self.optimizer, dict(state))
-        self.train_iterations = int(state["train_iterations"])
