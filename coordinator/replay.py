@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlfleet.coordinator.batch_log import BatchLog
 from rlfleet.coordinator.buffers import (
     Buffer,
     ChunkInfo,
@@ -109,6 +110,8 @@ class Replay:
         self.generation = 0  # of the last snapshot written or loaded
         self.released_by: Counter[str] = Counter()  # the ledger: chunks let go of, by reason
         self.holders: dict[str, str] = {}  # queue chunk in flight -> the learner holding it
+        # logging.batch_log's sample counts, set by the coordinator (None: not counted)
+        self.batch_log: BatchLog | None = None
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.registry
@@ -244,6 +247,8 @@ class Replay:
         for part in plan:
             buf = self.buffers[part.buffer]
             refs = buf.sample(part.batch_size, num_batches, train_iteration, policy_version)
+            if self.batch_log is not None:
+                self.batch_log.on_sample(part.buffer, refs.item_ids, train_iteration)
             if isinstance(buf, QueueBuffer):
                 dead += self._settle(buf, buf.take_released())
                 if worker_id is not None:
@@ -350,6 +355,8 @@ class Replay:
         for chunk_id in ids:
             old.release_reasons[chunk_id] = "dropped/cleared"
         self.buffers[name] = fresh
+        if self.batch_log is not None:  # the fresh buffer's item ids start again at 0
+            self.batch_log.on_clear(name)
         return items, len(ids), self._settle(old, ids)
 
     def check_load(self, name: str, metas: list[ChunkMeta],

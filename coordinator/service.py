@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlfleet.coordinator.admission import WorkerNetworks, check_device
+from rlfleet.coordinator.batch_log import BatchLog
 from rlfleet.coordinator.commander import Commander
 from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.env_settings import EnvSettings
@@ -133,6 +134,9 @@ class Coordinator:
         self.episode_table = EpisodeTable(
             cfg.name, self.run_dir if cfg.logging.episodes else None,
             None if max_mb is None else max(1, int(max_mb * MB)))
+        # logging.batch_log: every sample handed out counted, per-sample values written
+        self.batch_log = BatchLog(cfg.logging.batch_log, self.run_dir)
+        self.replay.batch_log = self.batch_log if self.batch_log.active else None
         # self-play: the league, its opponents and snapshots (None: a single-agent run)
         self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir)
                            if cfg.league is not None else None)
@@ -193,6 +197,8 @@ class Coordinator:
             self.matchmaker.write_view(self.clock(), final=True)
         self.runlog.close()
         self.episode_table.close()
+        self._flush_batch_log()
+        self.batch_log.close()
         self.storage.close()
 
     @property
@@ -591,6 +597,7 @@ class Coordinator:
         self.health.on_learn_info(req.worker_id, req.train_iterations, req.nonfinite)
         self.runlog.on_learn_info(req, self.state.env_steps, self.rates()[1],
                                   self.health.nonfinite_total)
+        self.batch_log.on_learn_info(req, self.state.env_steps)
         self._wake.set()
         return LearnInfoResponse(stop=self.stopped,
                                  best_policy_version=self.eval_schedule.best_policy_version)
@@ -722,6 +729,14 @@ class Coordinator:
             except Exception:  # the scheduler must outlive a bug in one tick; it is logged
                 log.exception("scheduler tick failed")
 
+    def _flush_batch_log(self) -> None:
+        """Sample counts to samples.jsonl: taken under the lock, written outside it."""
+        if not self.batch_log.active:
+            return
+        with self.state.cond:
+            rows = self.batch_log.take_rows()
+        self.batch_log.write_samples(rows)
+
     def _tick(self) -> None:
         now = self.clock()
         for worker in self.members.reap():
@@ -732,6 +747,8 @@ class Coordinator:
             self._offer_unassigned()
         self.eval_schedule.expire(now)
         self.readout.sample_rates(now)
+        if self.batch_log.flush_due(time.monotonic()):
+            self._flush_batch_log()
         state, stop = self.state, self.cfg.stop
         if stop.max_env_steps is not None and state.env_steps >= stop.max_env_steps:
             self.stop(f"max_env_steps={stop.max_env_steps} reached")

@@ -24,12 +24,14 @@ from rlfleet.shared.contract.frames import take, unpack
 @dataclass
 class Batch:
     """Tensors for one update, plus what is needed to send priorities back: for each
-    prioritized part, (buffer, item ids, the slice of this batch it occupies)."""
+    prioritized part, (buffer, item ids, the slice of this batch it occupies). `samples`
+    names every part's items the same way, prioritized or not, for the batch log."""
 
     data: dict[str, torch.Tensor]
     weights: torch.Tensor | None = None
     item_refs: list[tuple[str, np.ndarray, slice]] = field(default_factory=list)
     key: str | None = None
+    samples: list[tuple[str, np.ndarray, slice]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(next(iter(self.data.values())).shape[0])
@@ -85,20 +87,23 @@ def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts:
             batches = {}
             for part, data, weights, ids in per_part:
                 n = ids.shape[1]
-                refs = [(part.buffer, ids[b], slice(0, n))] if weights is not None else []
+                here = [(part.buffer, ids[b], slice(0, n))]
                 batches[part.key] = Batch({f: t[b] for f, t in data.items()},
-                                          None if weights is None else weights[b], refs,
-                                          part.key)
+                                          None if weights is None else weights[b],
+                                          here if weights is not None else [], part.key, here)
             out_dict.append(batches)
         return out_dict
 
     if len(per_part) == 1:
         part, data, weights, ids = per_part[0]
         n = ids.shape[1]
-        return [Batch({f: t[b] for f, t in data.items()},
-                      None if weights is None else weights[b],
-                      [(part.buffer, ids[b], slice(0, n))] if weights is not None else [])
-                for b in range(num_batches)]
+        out_one: list[Batch] = []
+        for b in range(num_batches):
+            here = [(part.buffer, ids[b], slice(0, n))]
+            out_one.append(Batch({f: t[b] for f, t in data.items()},
+                                 None if weights is None else weights[b],
+                                 here if weights is not None else [], samples=here))
+        return out_one
 
     merged = {f: torch.cat([d[f] for _, d, _, _ in per_part], dim=1) for f in fields}
     any_weights = any(w is not None for _, _, w, _ in per_part)
@@ -108,12 +113,14 @@ def assemble_from(columns: Mapping[str, np.ndarray], offsets: np.ndarray, parts:
                                  for _, _, w, ids in per_part], dim=1)
     out: list[Batch] = []
     for b in range(num_batches):
-        refs, start = [], 0
+        refs, samples, start = [], [], 0
         for part, _, w, ids in per_part:
             n = ids.shape[1]
+            samples.append((part.buffer, ids[b], slice(start, start + n)))
             if w is not None:
-                refs.append((part.buffer, ids[b], slice(start, start + n)))
+                refs.append(samples[-1])
             start += n
         out.append(Batch({f: t[b] for f, t in merged.items()},
-                         None if weights_all is None else weights_all[b], refs))
+                         None if weights_all is None else weights_all[b], refs,
+                         samples=samples))
     return out

@@ -171,7 +171,8 @@ class ShmWriter(SampleLoop):
         prioritized = any(p.weights is not None for p in resp.parts)
         if prioritized:
             place("weights", np.dtype(np.float32), (num_batches, total))
-            place("item_ids", np.dtype(np.int64), (num_batches, total))
+        # every part's item ids: priorities go back by them, and the batch log names them
+        place("item_ids", np.dtype(np.int64), (num_batches, total))
         slot.ensure(max(size, 1))
         assert slot.map is not None
 
@@ -196,19 +197,23 @@ class ShmWriter(SampleLoop):
             else:
                 for flat, start in zip(flats, starts, strict=True):
                     dest[:, start:start + flat.shape[1]] = take(columns, f, flat)
-        refs = []
+        refs, spans = [], []
+        ids = view("item_ids")
+        for part, flat, start in zip(resp.parts, flats, starts, strict=True):
+            n = flat.shape[1]
+            ids[:, start:start + n] = np.asarray(part.item_ids, dtype=np.int64)
+            spans.append([part.buffer, start, n])
         if prioritized:
-            weights, ids = view("weights"), view("item_ids")
+            weights = view("weights")
             for part, flat, start in zip(resp.parts, flats, starts, strict=True):
                 n = flat.shape[1]
-                ids[:, start:start + n] = np.asarray(part.item_ids, dtype=np.int64)
                 if part.weights is None:
                     weights[:, start:start + n] = 1.0
                 else:
                     weights[:, start:start + n] = np.asarray(part.weights, dtype=np.float32)
                     refs.append([part.buffer, start, n])
         return {"slot": slot.index, "path": str(slot.path), "num_batches": num_batches,
-                "layout": layout, "refs": refs, "state": self.state(),
+                "layout": layout, "refs": refs, "spans": spans, "state": self.state(),
                 "moments": self.take_moments()}
 
     def state(self) -> dict[str, Any]:
@@ -430,13 +435,18 @@ class DataProcess:
         fields = [f for f in message["layout"] if f not in ("weights", "item_ids")]
         data = {f: tensor(f) for f in fields}
         weights = tensor("weights") if "weights" in message["layout"] else None
-        ids = tensor("item_ids").numpy() if weights is not None else None
+        ids = tensor("item_ids").numpy() if "item_ids" in message["layout"] else None
         out = []
         for b in range(message["num_batches"]):
             refs = [(buffer, ids[b, start:start + n].copy(), slice(start, start + n))
                     for buffer, start, n in message["refs"]] if ids is not None else []
+            # views, not copies: only a logged update copies them (learner/batch_log.py)
+            samples = [(buffer, ids[b, start:start + n], slice(start, start + n))
+                       for buffer, start, n in message.get("spans", [])] \
+                if ids is not None else []
             out.append(Batch({f: t[b] for f, t in data.items()},
-                             None if weights is None else weights[b], refs))
+                             None if weights is None else weights[b], refs,
+                             samples=samples))
         return out
 
     def _hand_back(self) -> None:

@@ -50,12 +50,18 @@ class HookRunner:
         for call in self._stages["before_iter"]:
             call(self.ctx)
 
-    def after_iter(self, metrics: dict[str, Any]) -> None:
-        """`metrics` is the update's, which hooks may add to (the caller reports it)."""
+    def after_iter(self, metrics: dict[str, Any], sample_values: dict[str, Any] | None = None,
+                   logging_samples: bool = False) -> None:
+        """`metrics` is the update's and `sample_values` its per-sample values, which hooks
+        may add to (the caller reports both); `logging_samples`: the batch log logs this
+        update, so `ctx.add_log` keeps what it is given."""
         self.ctx.metrics = metrics
+        self.ctx.sample_values = sample_values if sample_values is not None else {}
+        self.ctx.logging_samples = logging_samples
         for call in self._stages["after_iter"]:
             call(self.ctx)
         self.ctx.batch = None
+        self.ctx.logging_samples = False
 
     def after_run(self) -> None:
         for call in self._stages["after_run"]:

@@ -46,6 +46,7 @@ def run_off_policy(t: Training) -> bool:
     stager, gpu, window = t.stager, t.gpu, t.window
     hooks = t.hooks if t.hooks.per_update else None  # learner.hooks around each update
     histograms = cfg.logging.histograms is not None
+    batch_log = t.batch_log if cfg.logging.batch_log is not None else None
     tracks_obs = isinstance(policy, NormalizesObservations) and policy.tracks_obs_stats
     scorer = (DatasetScorer(cfg, run_spec(cfg))
               if cfg.eval.dataset is not None and is_publisher else None)
@@ -81,8 +82,11 @@ def run_off_policy(t: Training) -> bool:
                 if hooks is not None:
                     hooks.before_iter(data)
                 out = policy.learn(data, weights)
+                logged = batch_log is not None and batch_log.due(policy.train_iterations)
                 if hooks is not None:
-                    hooks.after_iter(out.metrics)
+                    hooks.after_iter(out.metrics, out.sample_values, logged)
+                if logged and batch_log is not None:
+                    batch_log.take(policy.train_iterations, batch, out.sample_values)
                 if histograms:
                     t.maybe_histograms(data)
                 gpu.end()

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlfleet.learner.batch_log import BatchLogTaker
 from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.feedback import PriorityFeedback, updates_from
@@ -105,6 +106,7 @@ class Training:
     hooks: HookRunner = field(init=False)  # learner.hooks
     histograms: HistogramTaker = field(init=False)  # logging.histograms
     unsent_histograms: dict[str, HistogramData] = field(default_factory=dict)
+    batch_log: BatchLogTaker = field(init=False)  # logging.batch_log
     stager: Stager = field(init=False)
     gpu: GpuClock = field(init=False)
 
@@ -112,6 +114,7 @@ class Training:
         self.checkpoint_every = self.cfg.checkpoint.every_train_iterations
         self.shortage = DataShortage(self.cfg.learner.data_shortage_warn_s)
         self.histograms = HistogramTaker(self.cfg.logging.histograms)
+        self.batch_log = BatchLogTaker(self.cfg.logging.batch_log)
         self.hooks = HookRunner.from_config(self.cfg.learner.hooks,
                                             HookContext(self.policy, self.cfg))
         device = self.placement.device
@@ -202,15 +205,16 @@ class Training:
         coordinator never weighs one update's loss twice."""
         report, self.unsent = self.unsent, None
         histograms, self.unsent_histograms = self.unsent_histograms, {}
+        logged = self.batch_log.take_pending()
         if report is None:
-            return {"histograms": histograms}
+            return {"histograms": histograms, "batch_log": logged}
         stats = report.stats
         return {"metrics": {k: v.mean for k, v in stats.items()},
                 "metric_counts": {k: v.count for k, v in stats.items()},
                 "metrics_min": {k: v.min for k, v in stats.items()},
                 "metrics_max": {k: v.max for k, v in stats.items()},
                 "arrays": report.arrays, "nonfinite": report.nonfinite,
-                "histograms": histograms}
+                "histograms": histograms, "batch_log": logged}
 
     def maybe_histograms(self, batch: Mapping[str, torch.Tensor]) -> None:
         """`logging.histograms`, right after an update on `batch`, when due (publisher

@@ -58,10 +58,14 @@ class ActOutput:
 @dataclass
 class LearnOutput:
     """Metrics stay 0-d tensors until someone reports them (`.item()` per step is costly);
-    `priorities` has one entry per batch row for prioritized buffers (None: not computed)."""
+    `priorities` has one entry per batch row for prioritized buffers (None: not computed).
+    `sample_values` are per-sample figures of the update (a TD error per row, say), one
+    entry per batch row: `logging.batch_log` logs them with the samples they belong to, and
+    reads them only on the updates it logs, so giving detached tensors costs nothing."""
 
     metrics: dict[str, torch.Tensor | float]
     priorities: torch.Tensor | None = None
+    sample_values: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @runtime_checkable

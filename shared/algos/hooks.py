@@ -16,6 +16,8 @@ averaged over the logging interval and logged under `train/<key>` like the polic
 - `before_run(ctx)`: once, before the first update (after a checkpoint was restored);
 - `before_iter(ctx)`: before each update, with `ctx.batch` the update's batch (tensors);
 - `after_iter(ctx)`: after each update, with `ctx.metrics` holding the update's metrics;
+  on the updates `logging.batch_log` logs (`ctx.logging_samples`), `ctx.add_log(name,
+  values)` logs one value per batch row beside each sample (docs/batch-log.md);
 - `after_run(ctx)`: once, after the last update, before the final checkpoint.
 
 Hooks run by `priority` (lowest first), equal priorities in the order listed.
@@ -59,10 +61,20 @@ class HookContext:
     is_publisher: bool = True
     batch: Mapping[str, Any] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    sample_values: dict[str, Any] = field(default_factory=dict)
+    logging_samples: bool = False
 
     @property
     def train_iterations(self) -> int:
         return int(self.policy.train_iterations)
+
+    def add_log(self, name: str, values: Any) -> None:
+        """Log `values` (one per row of `ctx.batch`: a tensor, an array or a list) with the
+        update's samples in the batch log, as `name`. Only on updates the batch log logs
+        (`logging_samples`); elsewhere, and with no batch log, it does nothing, so a hook
+        may call it every update, though it saves work to test `logging_samples` first."""
+        if self.logging_samples:
+            self.sample_values[name] = values
 
 
 def load_hooks(configs: list[HookConfig]) -> list[tuple[int, Any]]:

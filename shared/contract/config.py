@@ -485,6 +485,26 @@ class HistogramConfig(Frozen):
                            "policies that give them (DQN and its kin)")
 
 
+class BatchLogConfig(Frozen):
+    """MRL's batch log (`logging.batch_log`): which replay items the learner trained on, how
+    often each, and per-sample values logged during learning (docs/batch-log.md)."""
+
+    every_train_iterations: int = Field(100, ge=1, description="log the samples of one "
+                                        "update in this many, with their per-sample values "
+                                        "(on every rank)")
+    samples_per_update: int = Field(256, ge=1, le=65_536, description="at most this many "
+                                    "samples of a logged update (its batch's first: batches "
+                                    "are drawn at random)")
+    unique_in_memory: int = Field(262_144, ge=1024, le=1 << 26, description="per buffer, how "
+                                  "many items' sample counts the coordinator holds between "
+                                  "flushes (28 bytes each); an item pushed out goes to disk")
+    flush_s: float = Field(30.0, gt=0, description="sample counts go to samples.jsonl at "
+                           "least this often (and when the run ends)")
+    max_mb: float | None = Field(256.0, gt=0, description="each table's size limit in MB "
+                                 "(batch_log.jsonl, samples.jsonl), rotated like the episode "
+                                 "table; null: no limit")
+
+
 class LoggingConfig(Frozen):
     """One logger per run, in the coordinator, fed by what workers report. Every record's
     step is the run's env step count, so all scopes share one x-axis."""
@@ -505,6 +525,8 @@ class LoggingConfig(Frozen):
     histograms: HistogramConfig | None = Field(None, description="histograms of weights, "
                                                "gradients, actions and Q-values at an "
                                                "interval (null: none)")
+    batch_log: BatchLogConfig | None = Field(None, description="the batch log: samples "
+                                             "trained on and per-sample values (null: off)")
     writers: list[PluginConfig] = Field(default_factory=list, max_length=16, description="more "
                                         "destinations of every record: a user's class, or "
                                         "rlfleet's MLflow writer "

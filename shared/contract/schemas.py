@@ -504,6 +504,29 @@ class HistogramData(Request):
         return self
 
 
+MAX_LOGGED_SAMPLES = 65_536  # per report: logging.batch_log's rows, all entries together
+SampleValueName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+
+
+class BatchLogEntry(Request):
+    """`logging.batch_log`: one logged update's samples from one buffer, with the
+    per-sample values the policy and the hooks gave for them (`null`: not finite)."""
+
+    train_iteration: Count
+    buffer: Id
+    item_ids: list[Int64] = Field(min_length=1, max_length=MAX_LOGGED_SAMPLES)
+    values: dict[SampleValueName, list[Finite | None]] = Field(default_factory=dict,
+                                                              max_length=32)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> BatchLogEntry:
+        for name, column in self.values.items():
+            if len(column) != len(self.item_ids):
+                raise ValueError(f"values.{name} has {len(column)} entries but item_ids "
+                                 f"has {len(self.item_ids)}")
+        return self
+
+
 class LearnInfo(Request):
     worker_id: Id
     train_iterations: Count
@@ -532,6 +555,17 @@ class LearnInfo(Request):
     dataset_eval: dict[str, Finite] = Field(default_factory=dict, max_length=8, description=
                                             "the metric evaluator's scores (eval.dataset), when "
                                             "one ran since the last report")
+    batch_log: list[BatchLogEntry] = Field(default_factory=list, max_length=1024,
+                                           description="logging.batch_log: the samples of "
+                                           "the updates logged since the last report")
+
+    @model_validator(mode="after")
+    def _bounded_batch_log(self) -> LearnInfo:
+        rows = sum(len(e.item_ids) for e in self.batch_log)
+        if rows > MAX_LOGGED_SAMPLES:
+            raise ValueError(f"batch_log holds {rows} samples; at most {MAX_LOGGED_SAMPLES} "
+                             "go in one report")
+        return self
 
 
 class LearnInfoResponse(Response):

@@ -71,6 +71,37 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         yield row
 
 
+BATCH_LOG_NAME = "batch_log.jsonl"
+SAMPLES_NAME = "samples.jsonl"
+SAMPLE_KEY = ["buffer", "buffer_clears", "item_id"]  # one replay item for the whole run
+SAMPLE_COLUMNS = (*SAMPLE_KEY, "times_sampled", "first_iteration", "last_iteration")
+LOGGED_COLUMNS = ("worker_id", "train_iteration", "env_step", "wall_time", *SAMPLE_KEY)
+
+
+def _pandas(what: str) -> Any:
+    try:
+        import pandas as pd
+    except ImportError as err:
+        raise ImportError(f"load_run(...).{what} needs pandas: pip install "
+                          "'rlfleet[tables]'") from err
+    return pd
+
+
+def _lines(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """A columnar table's lines (each a dict of equal-length lists and scalars), its rotated
+    parts first; lines whose lists differ in length are skipped with a warning."""
+    out = []
+    for path in table_files(run_dir, name):
+        for row in read_rows(path):
+            ids = row.get("item_id")
+            if not isinstance(ids, list) or any(
+                    isinstance(v, list) and len(v) != len(ids) for v in row.values()):
+                log.warning("%s: a line whose columns differ in length, skipped", path)
+                continue
+            out.append(row)
+    return out
+
+
 @dataclass
 class RunData:
     run_dir: Path
@@ -105,6 +136,56 @@ class RunData:
                                  index=frame["return_components"].dropna().index)
             frame = frame.join(parts.add_prefix("return_"))
         return frame.drop(columns=["return_components"], errors="ignore")
+
+    @property
+    def batch_log(self) -> Any:
+        """The batch log's per-sample values (`logging.batch_log`; batch_log.jsonl) as a
+        pandas DataFrame, one row per logged sample: who logged it, at which train
+        iteration and env step, the item (buffer, buffer_clears, item_id), and one column
+        per logged value (NaN where a value was not finite or not logged that update)."""
+        pd = _pandas("batch_log")
+        frames = []
+        for row in _lines(self.run_dir, BATCH_LOG_NAME):
+            n = len(row["item_id"])
+            columns = {k: [row.get(k)] * n for k in LOGGED_COLUMNS if k != "item_id"}
+            columns["item_id"] = row["item_id"]
+            values = row.get("values") if isinstance(row.get("values"), dict) else {}
+            for name, column in values.items():
+                if isinstance(column, list) and len(column) == n:
+                    columns[name] = [np.nan if v is None else v for v in column]
+            frames.append(pd.DataFrame(columns))
+        if not frames:
+            return pd.DataFrame(columns=list(LOGGED_COLUMNS))
+        return pd.concat(frames, ignore_index=True)
+
+    @property
+    def samples(self) -> Any:
+        """The unique-samples table (`logging.batch_log`; samples.jsonl) as a pandas
+        DataFrame, one row per replay item handed to a learner: how many times it was, its
+        first and last train iteration, and, for each per-sample value of the batch log,
+        the value last logged for it (NaN: never logged) with `times_logged`. Rows that a
+        flush wrote for the same item are added up here."""
+        pd = _pandas("samples")
+        parts = [pd.DataFrame({k: row[k] if isinstance(row.get(k), list)
+                               else [row.get(k)] * len(row["item_id"])
+                               for k in SAMPLE_COLUMNS})
+                 for row in _lines(self.run_dir, SAMPLES_NAME)]
+        if not parts:
+            return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
+        table = (pd.concat(parts, ignore_index=True).groupby(SAMPLE_KEY, as_index=False)
+                 .agg(times_sampled=("times_sampled", "sum"),
+                      first_iteration=("first_iteration", "min"),
+                      last_iteration=("last_iteration", "max")))
+        logged = self.batch_log
+        if len(logged):
+            names = [c for c in logged.columns if c not in LOGGED_COLUMNS]
+            last = (logged.sort_values("train_iteration", kind="stable")
+                    .groupby(SAMPLE_KEY, as_index=False)
+                    .agg(times_logged=("item_id", "size"),
+                         **{n: (n, "last") for n in names}))
+            table = table.merge(last, on=SAMPLE_KEY, how="left")
+            table["times_logged"] = table["times_logged"].fillna(0).astype("int64")
+        return table.sort_values(SAMPLE_KEY, ignore_index=True)
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(steps, values, wall_times) of the records that have `key`, from whichever scopes

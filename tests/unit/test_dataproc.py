@@ -1,6 +1,7 @@
 """The learner's data process against a real coordinator and real storage: the batches it
-hands over in shared memory are the rows the coordinator sampled, prioritized answers carry
-weights and item ids, a slow learner holds it back, and it leaves nothing behind."""
+hands over in shared memory are the rows the coordinator sampled, named by their item ids,
+prioritized answers carry weights too, a slow learner holds it back, and it leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ def test_batches_are_the_rows_the_coordinator_sampled(coordinator, task_sink):
                 assert np.array_equal(d["action"].numpy(), ids % 2)
                 assert np.array_equal(d["terminated"].numpy(), ids % 7 == 0)
                 assert batch.weights is None and batch.item_refs == []
+                # every answer names its items (the batch log's samples), prioritized or not:
+                # a fresh buffer's item ids are its insertion order, the rows' own ids here
+                [(buffer, item_ids, part)] = batch.samples
+                assert buffer == "replay" and part == slice(0, 16)
+                assert np.array_equal(item_ids, ids.astype(np.int64))
                 got.append(ids.copy())  # the slot is reused once the next get() returns
         assert len(np.unique(np.concatenate(got))) > 100  # sampled, not one row over again
         s = c.status()

@@ -285,3 +285,17 @@ class JsonLinesWriter:
 
     def close(self) -> None:
         self.file.close()
+
+
+class SampleLogHook(LearnerHook):
+    """Logs per-sample values with the batch log (`ctx.add_log`): each row's reward, and its
+    row number in the batch (so a test can tell the values line up with their samples); and
+    a value that is not one per row, which the batch log refuses (it warns, and goes on)."""
+
+    def after_iter(self, ctx) -> None:
+        if not ctx.logging_samples:
+            return
+        rows = int(ctx.batch["reward"].shape[0])
+        ctx.add_log("reward", ctx.batch["reward"])
+        ctx.add_log("row", list(range(rows)))
+        ctx.add_log("not_per_row", [1.0, 2.0])

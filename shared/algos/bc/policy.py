@@ -114,7 +114,7 @@ class BehaviourCloning:
         self.optimizer.step()
         self.train_iterations += 1
         metrics["loss"] = loss.detach()
-        return LearnOutput(metrics, per_item.detach())
+        return LearnOutput(metrics, per_item.detach(), {"loss": per_item.detach()})
 
     # -- checkpoints ------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ class CQL(DQN):
         per_item = td + self.alpha * gap
         loss = per_item.mean() if weights is None else (weights * per_item).mean()
         grad_norm = self._step(loss)
+        td_abs = (target - q.detach()).abs()
         return LearnOutput({"loss": loss.detach(), "td_loss": td.detach().mean(),
                             "cql_gap": gap.detach().mean(), "q_mean": q.detach().mean(),
-                            "grad_norm": grad_norm}, (target - q.detach()).abs())
+                            "grad_norm": grad_norm}, td_abs,
+                           {"td_error": td_abs, "cql_gap": gap.detach(), "q": q.detach()})

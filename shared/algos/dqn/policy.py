@@ -252,7 +252,8 @@ class DQN(QLearner):
         grad_norm = self._step(loss)
         td_abs = (target - q.detach()).abs()
         return LearnOutput({"loss": loss.detach(), "q_mean": q.detach().mean(),
-                            "grad_norm": grad_norm}, td_abs)
+                            "grad_norm": grad_norm}, td_abs,
+                           {"td_error": td_abs, "q": q.detach()})
 
     def _q_and_target(self, all_q: torch.Tensor, batch: Mapping[str, torch.Tensor]
                       ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -255,4 +255,5 @@ class R2D2(QLearner):
             + (1.0 - cfg.priority_eta) * td.sum(1) / rows
         return LearnOutput({"loss": loss.detach(), "q_mean": (q.detach() * mask).sum() /
                             mask.sum().clamp(min=1.0), "grad_norm": grad_norm,
-                            "valid_fraction": valid.float().mean()}, priorities)
+                            "valid_fraction": valid.float().mean()}, priorities,
+                           {"td_error": td.sum(1) / rows, "loss": per_sequence.detach()})

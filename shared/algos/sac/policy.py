@@ -381,7 +381,7 @@ class SAC:
             "alpha_loss": out["alpha_loss"].detach(), "alpha": alpha,
             "entropy": -out["log_prob"].mean(), "q_mean": out["q1"].mean(),
             "critic_grad_norm": critic_norm, "actor_grad_norm": actor_norm}
-        return LearnOutput(metrics, out["td_abs"])
+        return LearnOutput(metrics, out["td_abs"], {"td_error": out["td_abs"], "q": out["q1"]})
 
     def _step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One gradient step on `loss` (gradients averaged over a learner group's ranks),
