@@ -122,10 +122,12 @@ FIGURES = ("samples_per_s", "efficiency", "allreduce_ms", "reform_s", "ratio_to_
            "in_process_samples_per_s", "in_process_shard_samples_per_s",
            "bare_pair_samples_per_s", "bare_pair_efficiency", "bare_pair_allreduce_ms",
            "reform_generation_s", "reform_sampling_s", "compute_ms", "sample_wait_ms")
-# One round of 2 s windows, a smaller buffer, and a quarter of the batch (a rank's sample
-# response then takes a fraction of a second, so a short window still sees it move).
-SHORT = {"repeats": 1, "seconds": 2.0, "warmup": 1.0, "ceiling_s": 1.0, "transitions": 5_000,
-         "batch_size": 256}
+# One round of 1 s windows after half a second of warm-up, half-second ceilings, a smaller
+# buffer, a quarter of the batch and a quarter of the batches a request carries (a rank's
+# sample response then takes a fraction of a second, so a short window still sees the
+# counter move 3 times, and a group trains soon after it forms).
+SHORT = {"repeats": 1, "seconds": 1.0, "warmup": 0.5, "ceiling_s": 0.5, "transitions": 5_000,
+         "batch_size": 256, "batches_per_request": 16}
 
 
 class WorkerFailed(RuntimeError):
@@ -135,11 +137,15 @@ class WorkerFailed(RuntimeError):
 # -- config and data ----------------------------------------------------------------------
 
 def bench_config(base: Path, name: str, storage: str, transitions: int,
-                 batch_size: int) -> RunConfig:
+                 batch_size: int, batches_per_request: int | None = None) -> RunConfig:
     """The base config made free-running, with a network where compute dominates, a buffer
-    that holds the prefill and samples early, and checkpoints only when a learner stops."""
+    that holds the prefill and samples early, and checkpoints only when a learner stops;
+    `batches_per_request` replaces the config's where given (a short run's smaller sample
+    responses)."""
     data = free_running_data(base, name, storage, epsilon=0.1)
     data["algo"].update(hidden_sizes=list(HIDDEN_SIZES), batch_size=batch_size)
+    if batches_per_request is not None:
+        data["learner"]["batches_per_request"] = batches_per_request
     for buffer in data["buffers"].values():
         buffer["capacity"] = max(int(buffer["capacity"]), transitions)
         buffer["rate_limit"]["min_size"] = MIN_SIZE
@@ -653,6 +659,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=1024, help="the global batch (even): "
                    "large enough that compute, not the all-reduce, dominates a step")
     p.add_argument("--transitions", type=int, default=50_000, help="prefilled transitions")
+    p.add_argument("--batches-per-request", type=int, default=None,
+                   help="batches one sample response carries (default: the config's)")
     p.add_argument("--kill-rank", type=int, choices=(0, 1), default=1,
                    help="which rank of 2 is killed for the re-formation figure")
     p.add_argument("--reform-timeout-s", type=float, default=60.0)
@@ -682,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="rlfleet-learners-"))
     name = f"bench-learners-{os.getpid()}"
     storage = str(work / "storage")
-    cfg = bench_config(args.config, name, storage, args.transitions, args.batch_size)
+    cfg = bench_config(args.config, name, storage, args.transitions, args.batch_size,
+                       args.batches_per_request)
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     spec = env_spec(cfg.env)
