@@ -81,7 +81,6 @@ def summarise(status: dict | None, ending: Ending, wall: float, plan: Plan,
         "train_iterations": counters.get("train_iterations", 0),
         "policy_version": counters.get("policy_version", -1),
         "chunks_accepted": counters.get("chunks_accepted", 0),
-        "granted_batches": counters.get("granted_batches", 0),
         "episodes": counters.get("episodes", 0),
         "wall_seconds": round(wall, 3),
         "run_seconds": run.get("wall_seconds"),
@@ -101,6 +100,8 @@ def summarise(status: dict | None, ending: Ending, wall: float, plan: Plan,
         "startup_s": startup.figures(),
         # what went wrong quietly: NaN learner metrics, a learner starved of data
         "alerts": s.get("alerts", []),
+        # batches handed to learners (the batch log's sample counts add up to these)
+        "granted_batches": counters.get("granted_batches", 0),
     }
 
 

@@ -29,7 +29,7 @@ SUMMARY_KEYS = [
     "stop_value", "env_steps", "train_iterations", "policy_version", "chunks_accepted",
     "episodes", "wall_seconds", "run_seconds", "first_chunk_seconds", "collectors", "learners",
     "learner_group", "restarts", "seed", "storage", "config", "algo", "train", "env", "crash",
-    "first_chunk_s_from_launch", "startup_s", "alerts",
+    "first_chunk_s_from_launch", "startup_s", "alerts", "granted_batches",
 ]
 
 STATUS = {
