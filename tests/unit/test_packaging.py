@@ -4,6 +4,7 @@ the packaged configs, `py.typed`) is there."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -90,3 +91,16 @@ def test_every_public_name_resolves():
     for name in rlfleet.__all__:
         assert getattr(rlfleet, name) is not None, name
     assert rlfleet.load_config("cartpole-dqn").algo.name == "dqn"
+
+
+def test_make_test_runs_every_suite_pytest_knows():
+    """`make test` runs the unit suite on its own (two workers) and the rest after it: the
+    suites it names must be pyproject's `testpaths`, in their order, so a new suite is not
+    left out of CI."""
+    paths = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["testpaths"]
+    makefile = (REPO / "Makefile").read_text()
+    suites = re.search(r"^SUITES = (.+)$", makefile, re.M)
+    assert suites is not None
+    assert ["tests/unit", *suites.group(1).split()] == paths
+    assert "-n 2 tests/unit" in makefile and "$(SUITES)" in makefile
