@@ -101,6 +101,9 @@ class BatchLog:
     def __init__(self, cfg: BatchLogConfig | None, run_dir: Path | None) -> None:
         self.cfg = cfg
         self.active = cfg is not None and run_dir is not None
+        if cfg is not None and run_dir is None:
+            log.warning("logging.batch_log is set, but this coordinator has no run directory "
+                        "(--run-dir): no batch log is written")
         self.rows_written = 0  # batch_log.jsonl rows (samples)
         self.items_flushed = 0  # samples.jsonl item rows
         self._counts: dict[str, _Counts] = {}

@@ -209,8 +209,10 @@ class Durability:
         with self._snapshot_lock:  # one writer at a time (janitor, shutdown)
             if self._closing.is_set() and not final:
                 return
+            commander = self.state.commander_state()  # user code: not under the lock
             with self._journal_lock, self._cond:
                 state, counters = self.replay.snapshot(), self.state.snapshot()
+                counters["commander"] = commander
                 self.replay.generation += 1  # later reports go to the next journal
                 generation = self.replay.generation
                 with self._pending_lock:

@@ -15,6 +15,7 @@ the run training on a level nobody chose.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -33,7 +34,9 @@ class EnvSettings:
     def __init__(self, commander: Commander | None, stop: Callable[[str], None]) -> None:
         self.commander = commander
         self._stop = stop
-        self._lock = threading.Lock()
+        # re-entrant: a method that raises stops the run, and stopping snapshots it, which
+        # asks the commander for its state on the same thread
+        self._lock = threading.RLock()
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         """`fn()`'s answer; None when it raised (logged, and the run stops)."""
@@ -110,6 +113,29 @@ class EnvSettings:
             return None
         why = self._call("solved", self.commander.solved)
         return None if why is None else str(why)
+
+    def state(self) -> Any:
+        """The commander's state for a snapshot (JSON; None: it keeps none, or failed)."""
+        commander = self.commander
+        if commander is None or not callable(getattr(commander, "state_dict", None)):
+            return None
+
+        def ask() -> Any:
+            state = commander.state_dict()
+            json.dumps(state)  # a snapshot is JSON: refuse anything else here, by name
+            return state
+        return self._call("state_dict", ask)
+
+    def load_state(self, state: Any) -> None:
+        """Give the commander back its state from the snapshot a resumed run restored."""
+        commander = self.commander
+        if commander is None or state is None:
+            return
+        if not callable(getattr(commander, "load_state_dict", None)):
+            log.warning("%s has no load_state_dict: it starts afresh on resume", FIELD)
+            return
+        self._call("load_state_dict", lambda: commander.load_state_dict(state))
+        log.info("%s resumed from its snapshot: %s", FIELD, state)
 
     def scalars(self) -> dict[str, float]:
         """`commander/<key>` for the `info` scope."""

@@ -168,9 +168,12 @@ class Coordinator:
         """Continue the run from storage (`resume`: its newest snapshot and the journals
         after it), or start it fresh, discarding whatever an older run journalled; then
         open the run log where the run continues."""
+        self.state.commander_state = self.env_settings.state
         resumed = self.durability.restore() if resume else False
         if not resumed:
             self.durability.discard_journals()
+        else:  # the curriculum goes on at the level the snapshot had reached
+            self.env_settings.load_state(self.state.restored_commander)
         self.runlog.open(self.state.env_steps if resumed else None)
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.matchmaking import Matchmaker
@@ -57,6 +57,11 @@ class CoordinatorState:
         self.chunks_accepted = 0
         self.episodes = 0
         self.granted_batches = 0
+        # the run's commander (coordinator/env_settings.py): asked for its state before a
+        # snapshot is copied, outside the lock (it is user code); given back what a resumed
+        # run restored
+        self.commander_state: Callable[[], Any] = lambda: None
+        self.restored_commander: Any = None
         self.train_iterations = 0
         self.policy_version = -1
         self.learner_metrics: dict[str, float] = {}  # averaged over the group's ranks
@@ -147,6 +152,7 @@ class CoordinatorState:
         self.granted_batches = int(counters["granted_batches"])
         self.train_iterations = int(counters["train_iterations"])
         self.policy_version = int(counters["policy_version"])
+        self.restored_commander = counters.get("commander")
         self._evaluations.restore(counters)
         if self._matchmaker is not None:
             self._matchmaker.restore(counters.get("league"))

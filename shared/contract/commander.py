@@ -34,6 +34,11 @@ Who calls what, all on the coordinator, one call at a time (the coordinator seri
   (`eval.stop_value` still applies to every evaluation, whatever its level: a curriculum
   usually leaves it unset and solves the run here).
 - `scalars()` on every scheduler tick: logged as `commander/<key>` in the `info` scope.
+- `state_dict()` when the coordinator snapshots the run, and `load_state_dict(state)` once
+  when a resumed run restores that snapshot, before anything else is asked: a curriculum
+  resumes at the level it had reached. The state must be JSON (dicts, lists, strings,
+  numbers, booleans, None). Both are optional: a commander without them starts afresh on
+  resume (its tasks keep their last settings until it is asked again).
 
 `BaseCommander` gives every method a default, so a subclass writes only what it changes.
 An exception in a commander's method stops the run with the error as its reason.
@@ -116,6 +121,14 @@ class BaseCommander:
 
     def scalars(self) -> dict[str, float]:
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on where this one is (JSON); nothing by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state_dict()`'s answer in a snapshot."""
+        return None
 
 
 REQUIRED = ("collect_settings", "evaluate_settings", "on_evaluation", "solved", "scalars")

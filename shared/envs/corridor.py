@@ -116,3 +116,10 @@ class CorridorCurriculum(BaseCommander):
 
     def scalars(self) -> dict[str, float]:
         return {"level": float(self.level), "length": float(self.length)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "passed_last": self.passed_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.level = min(int(state.get("level", 0)), len(self.LENGTHS) - 1)
+        self.passed_last = bool(state.get("passed_last", False))

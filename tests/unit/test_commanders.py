@@ -260,3 +260,53 @@ def test_changed_settings_update_live_collect_tasks_and_a_raising_commander_stop
     assert settings.scalars() == {}
     assert stops == ["coordinator.commander failed in scalars: KeyError: 'level'"]
     assert EnvSettings(None, stops.append).scalars() == {}
+
+
+def test_a_resumed_run_goes_on_at_the_level_its_commander_had_reached(
+        coordinator, coordinator_pool, task_sink):
+    """The commander's `state_dict` rides in the snapshot a stopping coordinator writes, and
+    the resumed coordinator gives it back before anything is asked: its evaluations and any
+    new collect task run the level the run had reached, not the first."""
+    c = coordinator(**CURRICULUM)
+    col_sink, lrn_sink = task_sink(), task_sink()
+    wid = register(c, "collector", col_sink)["worker_id"]
+    lid = register(c, "learner", lrn_sink)["worker_id"]
+    collect = col_sink.wait_task("collect")
+    wait_running(c, collect["task_id"])
+    ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)]))
+    ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10, "policy_version": 0}))
+    ev = _wait_tasks(col_sink, "evaluate", 1)[0]
+    wait_running(c, ev["task_id"])
+    ok(post(c, "/evaluations", {
+        "worker_id": wid, "task_id": ev["task_id"], "policy_version": 0,
+        "deterministic": {"returns": [0.9] * 4, "lengths": [4] * 4,
+                          "successes": [True] * 4}}))
+    assert _wait_tasks(col_sink, "collect", 2)[-1]["env_kwargs"] == {"length": 8}
+    c.proc.terminate()  # an orderly stop: the final snapshot holds the commander's level
+    assert c.proc.wait(timeout=30) == 0
+
+    resumed = coordinator_pool.start(c.config, c.storage_dir, "--resume",
+                                     "--name", c.config["name"])
+    try:
+        col2, lrn2 = task_sink(), task_sink()
+        wid2 = register(resumed, "collector", col2)["worker_id"]
+        lid2 = register(resumed, "learner", lrn2)["worker_id"]
+        task = col2.wait_task("collect")
+        assert task["env_kwargs"] == {"length": 8}
+        wait_running(resumed, task["task_id"])
+        ok(report(resumed, wid2, task["task_id"], [(write_chunk(resumed, 256), 256)]))
+        ok(post(resumed, "/learn-info", {"worker_id": lid2, "train_iterations": 20,
+                                         "policy_version": 1}))
+        assert _wait_tasks(col2, "evaluate", 1)[0]["env_kwargs"] == {"length": 8}
+    finally:
+        coordinator_pool.release(resumed)
+
+
+def test_the_curriculum_state_round_trips_and_a_base_commander_keeps_none():
+    commander = load_commander(_run_config(CORRIDOR))
+    commander.level = 2
+    commander.passed_last = True
+    again = load_commander(_run_config(CORRIDOR))
+    again.load_state_dict(commander.state_dict())
+    assert (again.level, again.passed_last, again.length) == (2, True, 16)
+    assert BaseCommander(None).state_dict() == {}
