@@ -186,6 +186,27 @@ class _LocalLeague:
         return float(np.mean(returns)) if returns else 0.0
 
 
+# What changes what a run trains, which this process has no place for: refused, naming it.
+REFUSED = {"coordinator.commander": "runs no commander (its tasks have no env settings)",
+           "learner.hooks": "runs no learner hooks"}
+# What only adds to what the cluster's logger writes: this process writes no run log.
+IGNORED = ("logging.batch_log", "logging.histograms", "logging.writers")
+
+
+def check_single(cfg: RunConfig) -> None:
+    """Refuse the settings this process would silently leave out of training (a
+    `ConfigError` naming the field: exit 2), and warn of those it only does not log."""
+    for name, why in REFUSED.items():
+        section, key = name.split(".")
+        if getattr(getattr(cfg, section), key):
+            raise ConfigError(f"{name}: `rlfleet single` {why}; train this config with "
+                              "`rlfleet up`")
+    for name in IGNORED:
+        section, key = name.split(".")
+        if getattr(getattr(cfg, section), key):
+            log.warning("%s: `rlfleet single` writes no run log; it is ignored here", name)
+
+
 def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
                should_stop: Callable[[], bool] | None = None,
                on_evaluation: Callable[[dict], None] | None = None) -> SingleResult:
@@ -201,6 +222,7 @@ def run_single(cfg: RunConfig, progress=None, league_dir: str | None = None,
     if any(b.kind == "dataset" for b in cfg.buffers.values()) or cfg.eval.dataset:
         raise ConfigError("buffers: `rlfleet single` reads no datasets; run an offline "
                           "config with `rlfleet up --collectors 0`")
+    check_single(cfg)
     torch.set_num_threads(cfg.learner.torch_threads)  # as the learner would learn
     start = time.monotonic()
     spec = run_spec(cfg)
