@@ -181,7 +181,7 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
 def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False,
                     checkpoint: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     from rlfleet.collector.rollout import Rollout
-    from rlfleet.shared.envs.make import make_vector_env
+    from rlfleet.shared.envs.make import make_vector_env, with_step_cap
 
     if checkpoint is not None:
         from rlfleet.checkpoints_cli import checkpoint_policy
@@ -189,7 +189,9 @@ def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool =
         policy, _ = checkpoint_policy(cfg, run_dir, checkpoint)
     else:
         policy, _ = load_best_policy(cfg, run_dir)
-    envs = make_vector_env(cfg.env, min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
+    # episodes end by `eval.max_steps` at the latest: an endless env is cut, not hung
+    envs = make_vector_env(with_step_cap(cfg.env, cfg.eval.max_steps),
+                           min(cfg.env.num_envs, episodes), cfg.seed + 77_777)
     try:
         rollout = Rollout(envs, greedy_policy(policy) if greedy else policy, mode="episodes",
                           episodes_per_chunk=1)

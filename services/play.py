@@ -105,9 +105,9 @@ def policy_actions(policy: Policy, obs: np.ndarray, deterministic: bool = True) 
 def _play_env(cfg: RunConfig, seed: int, render: bool) -> gym.vector.VectorEnv:
     """One env of the run's kind, stepped in this process (an `async` backend's subprocess
     buys nothing for one env); with `render`, made to render rgb_array frames."""
-    from rlfleet.shared.envs.make import make_vector_env
+    from rlfleet.shared.envs.make import make_vector_env, with_step_cap
 
-    env_cfg = cfg.env
+    env_cfg = with_step_cap(cfg.env, cfg.eval.max_steps)  # an endless env: cut, not hung
     updates: dict = {"backend": "sync"} if env_cfg.backend == "async" else {}
     if render:
         if env_cfg.backend == "envpool":

@@ -195,7 +195,9 @@ def write_minari(root: str | os.PathLike, dataset_id: str,
     MINARI_DATASETS_PATH=root)."""
     import warnings
 
-    minari = _minari()
+    from rlfleet.shared.envs.make import resolve_env_id  # gymnasium's import, when exporting
+
+    minari = _minari()  # a clear error without the datasets extra
     from minari.data_collector import EpisodeBuffer
 
     buffers = [EpisodeBuffer(id=k, observations=ep["observations"], actions=ep["actions"],
@@ -209,7 +211,7 @@ def write_minari(root: str | os.PathLike, dataset_id: str,
     with _datasets_root(root), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # author, permalink...: advice, not problems
         minari.create_dataset_from_buffers(
-            dataset_id, buffers, env=env_id, algorithm_name=algorithm_name,
+            dataset_id, buffers, env=resolve_env_id(env_id), algorithm_name=algorithm_name,
             observation_space=observation_space, action_space=action_space,
             description=description, data_format="hdf5",
             code_permalink="https://github.com/rlfleet/rlfleet", author="rlfleet")

@@ -42,7 +42,9 @@ def resolve_env_id(env_id: str) -> str:
     if not callable(entry):
         raise ValueError(f"env.id={env_id!r} names {type(entry).__name__}, not an Env class "
                          "or factory")
-    gym.register(id=registered, entry_point=entry)
+    # by its path, not the object: an env spec with a callable cannot be saved (a Minari
+    # dataset exported from the run stores its env's spec)
+    gym.register(id=registered, entry_point=env_id)
     return registered
 
 
@@ -165,6 +167,22 @@ class LevelSeed(gym.Wrapper):
 
 def _make_level(cfg: EnvConfig, level_seed: int) -> gym.Env:
     return LevelSeed(_make_one(cfg), level_seed)
+
+
+def with_step_cap(cfg: EnvConfig, max_steps: int | None) -> EnvConfig:
+    """`cfg` whose episodes end, truncated, after at most `max_steps` steps (gymnasium's own
+    TimeLimit, through `gym.make`'s `max_episode_steps`), keeping a shorter limit the env
+    registered: what plays or rolls out a policy outside an evaluation (`rlfleet play`,
+    `rlfleet export`) cannot hang on an env that never ends. None, and EnvPool's envs (their
+    limits are their own), leave it as it is."""
+    if max_steps is None or cfg.backend == "envpool":
+        return cfg
+    try:
+        registered = gym.spec(resolve_env_id(cfg.id)).max_episode_steps
+    except gym.error.Error:  # not registered under that id: made from its import path
+        registered = None
+    limit = max_steps if registered is None else min(registered, max_steps)
+    return with_env_kwargs(cfg, {"max_episode_steps": limit})
 
 
 def with_env_kwargs(cfg: EnvConfig, env_kwargs: dict[str, Any]) -> EnvConfig:

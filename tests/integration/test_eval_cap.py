@@ -1,10 +1,13 @@
 """`eval.max_steps` through `rlfleet up`: on an env whose episodes never end (no terminal
 state, no time limit), evaluations still finish, cut at the cap, say how many episodes were
-truncated, and the collector that ran them goes on collecting."""
+truncated, and the collector that ran them goes on collecting; `rlfleet play` and
+`rlfleet export --source policy` end their episodes at the same cap."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import requests
@@ -12,7 +15,7 @@ import requests
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.telemetry.rundata import load_run
 
-from .helpers import REPO, coordinator_url, small_config, wait_for
+from .helpers import REPO, coordinator_url, marked_env, small_config, wait_for
 
 USERLAND = REPO / "tests" / "userland"
 CAP = 50
@@ -59,3 +62,16 @@ def test_evaluations_of_an_endless_env_end_at_the_cap_and_collection_goes_on(
     assert json.loads((run_dir / "summary.json").read_text())["env_steps"] >= \
         done[1]["env_steps"]
     up.assert_no_orphans()
+
+    # what plays or rolls out the trained policy outside an evaluation is cut at the cap too
+    env = {**marked_env("eval-cap-tools"), "PYTHONPATH": str(USERLAND)}
+    played = subprocess.run([sys.executable, "-m", "rlfleet", "play", str(run_dir),
+                             "--episodes", "2"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert played.returncode == 0, played.stderr[-2000:]
+    assert played.stdout.count(f" {CAP} ") >= 2, played.stdout  # each episode's length
+    exported = subprocess.run([sys.executable, "-m", "rlfleet", "export", str(run_dir),
+                               "--out", str(tmp_path / "datasets"), "--source", "policy",
+                               "--episodes", "3"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr[-2000:]

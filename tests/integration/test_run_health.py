@@ -57,7 +57,7 @@ def test_nan_and_array_metrics_and_a_data_shortage_are_reported(launch, tmp_path
         learner={"data_shortage_warn_s": 1.5},
         logging={"scopes": {"train": {"every_train_iterations": every, "min_max": True,
                                       "arrays": "minmeanmax"}}},
-        eval={"every_env_steps": 4000, "episodes": 2, "num_envs": 2},
+        eval={"every_env_steps": 4000, "episodes": 2, "num_envs": 2, "stop_value": None},
         stop={"max_env_steps": 5000, "max_wall_s": 120})
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "0", "--run-dir", str(run_dir),
@@ -122,7 +122,8 @@ def test_a_learner_killed_by_an_exception_or_sigterm_resumes_from_where_it_was(
               "params": {"crash_at": 300, "marker": str(marker)}},
         # no periodic checkpoint in this run: what is saved is saved on the way down
         checkpoint={"every_train_iterations": 1_000_000},
-        eval={"every_env_steps": 4000, "episodes": 2, "num_envs": 2},
+        # never solved: the run must still be training when the learner gets SIGTERM
+        eval={"every_env_steps": 4000, "episodes": 2, "num_envs": 2, "stop_value": None},
         stop={"max_env_steps": 12_000, "max_wall_s": 150})
     run_dir = tmp_path / "run"
     up = launch("--config", str(config), "--collectors", "1", "--run-dir", str(run_dir),
