@@ -61,6 +61,18 @@ class ReadOnlyBuffer(ValueError):
         self.name = name
 
 
+class StaleLoad(ValueError):
+    """Rows loaded into a queue buffer that drops stale data would all be dropped: they
+    were acted by another run's policies, which no policy lag of this run covers."""
+
+    def __init__(self, name: str, setting: str, lag: int) -> None:
+        super().__init__(f"buffer '{name}' is a queue buffer whose rows are dropped when "
+                         f"stale ({setting}={lag}), and loaded rows were acted by another "
+                         "run's policies (policy version -1): every one would be dropped; "
+                         f"load them into a run without {setting}")
+        self.name = name
+
+
 @dataclass(frozen=True)
 class PartPlan:
     buffer: str
@@ -361,9 +373,15 @@ class Replay:
 
     def check_load(self, name: str, metas: list[ChunkMeta],
                    priorities: list[list[float]] | None) -> None:
-        """Validate a load before anything changes (raises `UnknownBuffer`, `ReadOnlyBuffer`
-        or `BadRequest`)."""
-        self.writable(name)
+        """Validate a load before anything changes (raises `UnknownBuffer`,
+        `ReadOnlyBuffer`, `StaleLoad` or `BadRequest`)."""
+        buf = self.writable(name)
+        if isinstance(buf, QueueBuffer):
+            if buf.max_policy_lag is not None:  # the queue drops them as it hands out
+                raise StaleLoad(name, f"buffers.{name}.max_policy_lag", buf.max_policy_lag)
+            lag = getattr(self.cfg.algo, "max_policy_lag", None)
+            if lag is not None:  # the learner's rollouts drop them (learner/rollouts.py)
+                raise StaleLoad(name, "algo.max_policy_lag", lag)
         if priorities is None:
             return
         if len(priorities) != len(metas):

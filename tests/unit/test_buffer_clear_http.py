@@ -23,6 +23,9 @@ from .helpers import (
 DEFAULT: dict = {}
 RARE_SNAPSHOTS = {"coordinator": {"snapshot_interval_s": 3600}}
 PRIORITIZED = {"buffers": {"replay": buffer_config(kind="prioritized")}}
+QUEUE_WITH_LAG = {"buffers": {"rollouts": buffer_config(kind="queue")},
+                  "learner": {"mix": [{"buffer": "rollouts", "fraction": 1.0}]},
+                  "algo": {"name": "ppo", "max_policy_lag": 2}}
 
 BOOTS = {
     "test_clear_empties_the_buffer_and_releases_its_chunks": DEFAULT,
@@ -30,6 +33,7 @@ BOOTS = {
     "test_clear_refuses_unknown_buffers_and_bodies_with_fields": DEFAULT,
     "test_load_indexes_stored_chunks_in_the_buffer": DEFAULT,
     "test_load_gives_a_prioritized_buffer_its_priorities": PRIORITIZED,
+    "test_a_queue_that_drops_stale_rows_refuses_a_load": QUEUE_WITH_LAG,
 }
 
 
@@ -272,3 +276,15 @@ def test_a_prioritized_buffer_saves_and_loads_its_priorities(coordinator, task_s
                  "--in", str(out), "--coordinator", dst.url]) == 0
     s = dst.status()["buffers"]["replay"]
     assert s["size"] == 256 and s["priority_updates"] == 256
+
+
+def test_a_queue_that_drops_stale_rows_refuses_a_load(coordinator):
+    """Loaded rows were acted by another run's policies (version -1): where stale rows are
+    dropped (`algo.max_policy_lag` here, or the buffer's own), every one of them would be, so
+    the load is refused instead, naming the setting."""
+    c = coordinator(**QUEUE_WITH_LAG)
+    body = {"chunks": [{"chunk_id": write_chunk(c, 64), "length": 64, "policy_version": -1}]}
+    r = post(c, "/buffers/rollouts/load", body)
+    assert r.status_code == 409, r.text
+    assert r.json()["field"] == "name" and "algo.max_policy_lag=2" in r.json()["error"]
+    assert c.status()["buffer"]["size"] == 0  # nothing was loaded
