@@ -114,6 +114,19 @@ class EnvSettings:
         why = self._call("solved", self.commander.solved)
         return None if why is None else str(why)
 
+    def score(self, result: EvaluationResult, env_kwargs: dict[str, Any]) -> float | None:
+        """How an evaluation ranks for the best policy: the commander's `score`, else (no
+        commander, or one without it, or one that failed) the mean return."""
+        commander = self.commander
+        if commander is None or not callable(getattr(commander, "score", None)):
+            return result.return_mean
+
+        def ask() -> tuple[float | None]:
+            got = commander.score(result, dict(env_kwargs))
+            return (None if got is None else float(got),)
+        answer = self._call("score", ask)
+        return result.return_mean if answer is None else answer[0]
+
     def state(self) -> Any:
         """The commander's state for a snapshot (JSON; None: it keeps none, or failed)."""
         commander = self.commander

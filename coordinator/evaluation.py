@@ -91,9 +91,15 @@ class EvaluationSchedule:
                  battles: Callable[[], list[Opponent]] | None = None,
                  solves: Callable[[EvaluationResult], str | None] | None = None,
                  show_video: ShowVideo | None = None,
-                 env_kwargs: Callable[[], dict[str, Any]] | None = None) -> None:
+                 env_kwargs: Callable[[], dict[str, Any]] | None = None,
+                 score: Callable[[EvaluationResult, dict[str, Any]], float | None] | None = None
+                 ) -> None:
         self.cfg = cfg
         self._env_kwargs = env_kwargs  # the commander's env settings of an evaluation
+        # how an evaluation ranks for the run's best policy (the commander's `score`: a
+        # curriculum's hardest level first); None: its mean return
+        self._score = score
+        self.best_score: float | None = None
         self.tasks = tasks
         self.members = members
         self.storage = storage
@@ -189,15 +195,19 @@ class EvaluationSchedule:
             seq=self.total + 1)
         if req.video is not None:
             result.video = self._keep_video(result, req.video.fps)
+        evaluated = self.tasks.get(req.task_id).task  # the env settings it ran with
+        kwargs = dict(evaluated.env_kwargs) if isinstance(evaluated, EvaluateTask) else {}
         self.tasks.end(req.task_id, TaskState.FINISHED)
         self.total += 1
         self.evaluations.append(result)
         record(result)
-        # The run's result: the policy that solved it, else the best mean return so far.
+        # The run's result: the policy that solved it, else the best-scored so far (by mean
+        # return, unless the commander scores evaluations).
         solving = self._solves is not None and self._solves(result) is not None
-        if (solving or self.best_evaluation is None
-                or result.return_mean > self.best_evaluation.return_mean):
-            self.best_evaluation = result
+        score = result.return_mean if self._score is None else self._score(result, kwargs)
+        if solving or (score is not None and (self.best_score is None
+                                              or score > self.best_score)):
+            self.best_evaluation, self.best_score = result, score
             self._keep_best_policy(result)
         self.forget_evaluated(result.task_id)
         log.info("evaluation of policy %d at %d env steps: %.1f +- %.1f%s%s%s",
@@ -294,7 +304,8 @@ class EvaluationSchedule:
                 "evaluations": [e.model_dump() for e in list(self.evaluations)],
                 "evaluations_total": self.total,
                 "best_evaluation": (self.best_evaluation.model_dump()
-                                    if self.best_evaluation else None)}
+                                    if self.best_evaluation else None),
+                "best_score": self.best_score}
 
     def restore(self, counters: dict) -> None:
         """The inverse of `counters()`; keys added later have defaults, so older snapshots
@@ -310,6 +321,8 @@ class EvaluationSchedule:
         self.evaluations.extend(kept)
         if counters.get("best_evaluation"):
             self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
+            # an older snapshot kept no score: the mean return was its ranking
+            self.best_score = counters.get("best_score", self.best_evaluation.return_mean)
 
     def rerun(self, rec: TaskRecord, env_steps: int, train_iterations: int) -> None:
         """An evaluation restored from a snapshot: its report would find no one, so it

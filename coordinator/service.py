@@ -145,7 +145,7 @@ class Coordinator:
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
             solves=self.matchmaker.solved if self.matchmaker else None,
             show_video=self.runlog.on_video,
-            env_kwargs=self.env_settings.evaluate_kwargs)
+            env_kwargs=self.env_settings.evaluate_kwargs, score=self.env_settings.score)
         # The counters, and the lock that guards them and the replay and orders sampling
         # against inserts.
         self.state = CoordinatorState(clock, self.replay, self.tasks, self.eval_schedule,

@@ -34,6 +34,11 @@ Who calls what, all on the coordinator, one call at a time (the coordinator seri
   (`eval.stop_value` still applies to every evaluation, whatever its level: a curriculum
   usually leaves it unset and solves the run here).
 - `scalars()` on every scheduler tick: logged as `commander/<key>` in the `info` scope.
+- `score(result, env_kwargs)` with every evaluation, before `on_evaluation`: how it ranks
+  for the run's best policy (`best_policy.safetensors`, what `play`, `serve-policy` and
+  `export` use), higher is better, None for one that must not count. By default its mean
+  return; a curriculum ranks its harder levels first, so the best policy is not the one
+  that walked the easiest corridor best.
 - `state_dict()` when the coordinator snapshots the run, and `load_state_dict(state)` once
   when a resumed run restores that snapshot, before anything else is asked: a curriculum
   resumes at the level it had reached. The state must be JSON (dicts, lists, strings,
@@ -121,6 +126,11 @@ class BaseCommander:
 
     def scalars(self) -> dict[str, float]:
         return {}
+
+    def score(self, result: EvaluationResult, env_kwargs: dict[str, Any]) -> float | None:
+        """How `result` (run with `env_kwargs`) ranks for the run's best policy: higher is
+        better; None: it does not count. By default its mean return."""
+        return result.return_mean
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on where this one is (JSON); nothing by default."""

@@ -117,6 +117,15 @@ class CorridorCurriculum(BaseCommander):
     def scalars(self) -> dict[str, float]:
         return {"level": float(self.level), "length": float(self.length)}
 
+    def score(self, result: EvaluationResult, env_kwargs: dict[str, Any]) -> float | None:
+        """The level walked first, then its success rate, then its mean return (in [-1, 1]
+        on these corridors): the best policy is the one that walks the longest corridor."""
+        length = env_kwargs.get("length")
+        if length not in self.LENGTHS:
+            return None
+        return (10.0 * self.LENGTHS.index(length) + 2.0 * (result.success_rate or 0.0)
+                + result.return_mean)
+
     def state_dict(self) -> dict[str, Any]:
         return {"level": self.level, "passed_last": self.passed_last}
 

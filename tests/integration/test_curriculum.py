@@ -1,6 +1,7 @@
 """A curriculum inside one run, through `rlfleet up`: configs/corridor-curriculum.yaml's
 commander moves the collectors and the evaluations from a corridor of 4 cells to 8 to 16 as
-evaluations succeed, and the run ends solved when one reaches the end of the longest."""
+evaluations succeed, and the run ends solved when one reaches the end of the longest, with the
+policy that walked it as the run's best."""
 
 from __future__ import annotations
 
@@ -36,4 +37,9 @@ def test_the_corridor_curriculum_walks_its_longest_corridor(launch, tmp_path):
     # the last evaluation walked the 16 cells in 15 steps, every episode
     last = evaluations[-1]
     assert last["success_rate"] == 1.0 and last["length_mean"] == 15.0, last
+    # the run's best policy walked the longest corridor (the commander's `score`), though
+    # the shorter corridors paid more per episode
+    best = [e for e in evaluations if e["policy_version"] == summary["best_policy_version"]]
+    assert best and best[-1]["deterministic"]["info"]["corridor_length"] == 16.0, best
+    assert max(e["return_mean"] for e in evaluations) > best[-1]["return_mean"]
     up.assert_no_orphans()

@@ -310,3 +310,48 @@ def test_the_curriculum_state_round_trips_and_a_base_commander_keeps_none():
     again.load_state_dict(commander.state_dict())
     assert (again.level, again.passed_last, again.length) == (2, True, 16)
     assert BaseCommander(None).state_dict() == {}
+
+
+def test_the_best_policy_is_the_one_that_walked_the_longest_corridor(coordinator, task_sink):
+    """The commander scores evaluations for the run's best policy: a policy that walks the
+    8-cell corridor a quarter of the time beats one that walked the 4-cell corridor always,
+    though its mean return is lower."""
+    c = coordinator(**CURRICULUM)
+    col_sink, lrn_sink = task_sink(), task_sink()
+    wid = register(c, "collector", col_sink)["worker_id"]
+    lid = register(c, "learner", lrn_sink)["worker_id"]
+    collect = col_sink.wait_task("collect")
+    wait_running(c, collect["task_id"])
+    episodes = {0: ([0.95] * 4, [True] * 4), 1: ([0.5] * 4, [True, False, False, False])}
+    for version, (returns, successes) in episodes.items():
+        ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)]))
+        ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10 * (version + 1),
+                                   "policy_version": version}))
+        ev = _wait_tasks(col_sink, "evaluate", version + 1)[version]
+        wait_running(c, ev["task_id"])
+        ok(post(c, "/evaluations", {
+            "worker_id": wid, "task_id": ev["task_id"], "policy_version": version,
+            "deterministic": {"returns": returns, "lengths": [8] * 4,
+                              "successes": successes}}))
+    best = c.status()["best_evaluation"]
+    assert best["policy_version"] == 1 and best["return_mean"] == 0.5
+
+
+def test_the_corridor_scores_levels_first_then_success_then_return():
+    from rlfleet.shared.contract.schemas import EvaluationResult
+
+    commander = load_commander(_run_config(CORRIDOR))
+
+    def result(ret: float, success: float) -> EvaluationResult:
+        return EvaluationResult(task_id="evaluate-1", worker_id="c1", policy_version=0,
+                                env_steps=0, train_iterations=0, episodes=4, return_mean=ret,
+                                return_std=0, length_mean=1, wall_time=0,
+                                success_rate=success)
+
+    easy_perfect = commander.score(result(1.0, 1.0), {"length": 4})
+    hard_poor = commander.score(result(-0.3, 0.0), {"length": 8})
+    assert hard_poor > easy_perfect
+    assert commander.score(result(0.9, 1.0), {"length": 8}) > \
+        commander.score(result(0.95, 0.75), {"length": 8})
+    assert commander.score(result(1.0, 1.0), {"length": 5}) is None  # not a level of it
+    assert BaseCommander(None).score(result(0.7, 0.0), {}) == 0.7
