@@ -173,26 +173,43 @@ CURRICULUM = {"coordinator": {"commander": CORRIDOR},
                        "stochastic": False, "stop_value": None}}
 
 
-def test_the_commanders_settings_reach_collect_and_evaluate_tasks(coordinator, task_sink):
-    c = coordinator(**CURRICULUM)
-    col_sink, lrn_sink = task_sink(), task_sink()
-    wid = register(c, "collector", col_sink)["worker_id"]
-    lid = register(c, "learner", lrn_sink)["worker_id"]
-    collect = col_sink.wait_task("collect")
-    assert collect["env_kwargs"] == {"length": 4} and collect["level_seeds"] is None
-    wait_running(c, collect["task_id"])
+class _Cluster:
+    """A collector and a learner registered with a coordinator, its collect task running."""
 
-    for version, length in enumerate((4, 8, 16)):
-        ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)]))
-        ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10 * (version + 1),
+    def __init__(self, c, task_sink) -> None:
+        self.c, self.sink = c, task_sink()
+        self.wid = register(c, "collector", self.sink)["worker_id"]
+        self.lid = register(c, "learner", task_sink())["worker_id"]
+        self.collect = self.sink.wait_task("collect")
+        wait_running(c, self.collect["task_id"])
+
+    def evaluate(self, version: int, returns: list[float], successes: list[bool],
+                 length: int = 8) -> dict:
+        """A chunk and a learner report (so an evaluation of `version` falls due), then the
+        evaluation's report with these episodes; the evaluate task it answered."""
+        c = self.c
+        ok(report(c, self.wid, self.collect["task_id"], [(write_chunk(c, 256), 256)]))
+        ok(post(c, "/learn-info", {"worker_id": self.lid,
+                                   "train_iterations": 10 * (version + 1),
                                    "policy_version": version}))
-        ev = _wait_tasks(col_sink, "evaluate", version + 1)[version]
-        assert ev["env_kwargs"] == {"length": length}
+        ev = _wait_tasks(self.sink, "evaluate", version + 1)[version]
         wait_running(c, ev["task_id"])
         ok(post(c, "/evaluations", {
-            "worker_id": wid, "task_id": ev["task_id"], "policy_version": version,
-            "deterministic": {"returns": [0.9] * 4, "lengths": [length] * 4,
-                              "successes": [True] * 4}}))
+            "worker_id": self.wid, "task_id": ev["task_id"], "policy_version": version,
+            "deterministic": {"returns": returns, "lengths": [length] * len(returns),
+                              "successes": successes}}))
+        return ev
+
+
+def test_the_commanders_settings_reach_collect_and_evaluate_tasks(coordinator, task_sink):
+    c = coordinator(**CURRICULUM)
+    cluster = _Cluster(c, task_sink)
+    col_sink, collect = cluster.sink, cluster.collect
+    assert collect["env_kwargs"] == {"length": 4} and collect["level_seeds"] is None
+
+    for version, length in enumerate((4, 8, 16)):
+        ev = cluster.evaluate(version, [0.9] * 4, [True] * 4, length)
+        assert ev["env_kwargs"] == {"length": length}
         if length < 16:  # the same collect task, pushed again with the next corridor
             pushed = _wait_tasks(col_sink, "collect", version + 2)[-1]
             assert pushed["task_id"] == collect["task_id"]
@@ -268,36 +285,18 @@ def test_a_resumed_run_goes_on_at_the_level_its_commander_had_reached(
     the resumed coordinator gives it back before anything is asked: its evaluations and any
     new collect task run the level the run had reached, not the first."""
     c = coordinator(**CURRICULUM)
-    col_sink, lrn_sink = task_sink(), task_sink()
-    wid = register(c, "collector", col_sink)["worker_id"]
-    lid = register(c, "learner", lrn_sink)["worker_id"]
-    collect = col_sink.wait_task("collect")
-    wait_running(c, collect["task_id"])
-    ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)]))
-    ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10, "policy_version": 0}))
-    ev = _wait_tasks(col_sink, "evaluate", 1)[0]
-    wait_running(c, ev["task_id"])
-    ok(post(c, "/evaluations", {
-        "worker_id": wid, "task_id": ev["task_id"], "policy_version": 0,
-        "deterministic": {"returns": [0.9] * 4, "lengths": [4] * 4,
-                          "successes": [True] * 4}}))
-    assert _wait_tasks(col_sink, "collect", 2)[-1]["env_kwargs"] == {"length": 8}
+    cluster = _Cluster(c, task_sink)
+    cluster.evaluate(0, [0.9] * 4, [True] * 4, length=4)
+    assert _wait_tasks(cluster.sink, "collect", 2)[-1]["env_kwargs"] == {"length": 8}
     c.proc.terminate()  # an orderly stop: the final snapshot holds the commander's level
     assert c.proc.wait(timeout=30) == 0
 
     resumed = coordinator_pool.start(c.config, c.storage_dir, "--resume",
                                      "--name", c.config["name"])
     try:
-        col2, lrn2 = task_sink(), task_sink()
-        wid2 = register(resumed, "collector", col2)["worker_id"]
-        lid2 = register(resumed, "learner", lrn2)["worker_id"]
-        task = col2.wait_task("collect")
-        assert task["env_kwargs"] == {"length": 8}
-        wait_running(resumed, task["task_id"])
-        ok(report(resumed, wid2, task["task_id"], [(write_chunk(resumed, 256), 256)]))
-        ok(post(resumed, "/learn-info", {"worker_id": lid2, "train_iterations": 20,
-                                         "policy_version": 1}))
-        assert _wait_tasks(col2, "evaluate", 1)[0]["env_kwargs"] == {"length": 8}
+        again = _Cluster(resumed, task_sink)
+        assert again.collect["env_kwargs"] == {"length": 8}
+        assert again.evaluate(0, [0.1] * 4, [False] * 4)["env_kwargs"] == {"length": 8}
     finally:
         coordinator_pool.release(resumed)
 
@@ -317,22 +316,9 @@ def test_the_best_policy_is_the_one_that_walked_the_longest_corridor(coordinator
     8-cell corridor a quarter of the time beats one that walked the 4-cell corridor always,
     though its mean return is lower."""
     c = coordinator(**CURRICULUM)
-    col_sink, lrn_sink = task_sink(), task_sink()
-    wid = register(c, "collector", col_sink)["worker_id"]
-    lid = register(c, "learner", lrn_sink)["worker_id"]
-    collect = col_sink.wait_task("collect")
-    wait_running(c, collect["task_id"])
-    episodes = {0: ([0.95] * 4, [True] * 4), 1: ([0.5] * 4, [True, False, False, False])}
-    for version, (returns, successes) in episodes.items():
-        ok(report(c, wid, collect["task_id"], [(write_chunk(c, 256), 256)]))
-        ok(post(c, "/learn-info", {"worker_id": lid, "train_iterations": 10 * (version + 1),
-                                   "policy_version": version}))
-        ev = _wait_tasks(col_sink, "evaluate", version + 1)[version]
-        wait_running(c, ev["task_id"])
-        ok(post(c, "/evaluations", {
-            "worker_id": wid, "task_id": ev["task_id"], "policy_version": version,
-            "deterministic": {"returns": returns, "lengths": [8] * 4,
-                              "successes": successes}}))
+    cluster = _Cluster(c, task_sink)
+    cluster.evaluate(0, [0.95] * 4, [True] * 4, length=4)
+    cluster.evaluate(1, [0.5] * 4, [True, False, False, False])
     best = c.status()["best_evaluation"]
     assert best["policy_version"] == 1 and best["return_mean"] == 0.5
 
