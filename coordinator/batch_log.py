@@ -5,13 +5,14 @@ table, `shared/telemetry/rotating.py`), read back as DataFrames by `load_run`:
 
 - `samples.jsonl`, the unique-samples table: how many times each replay item was handed to
   a learner, and the first and last train iteration it was. Every sample the coordinator
-  hands out is counted here, as it is handed out, so the table is complete without the
-  learners sending a single id. Counts live in a fixed table per buffer (item `uid` in slot
-  `uid % unique_in_memory`, numpy, a few vectorised operations per sample request) and go to
-  disk every `flush_s`, when an item is pushed out of its slot by a newer one, and when the
-  run ends. An item may so have several rows (one per flush it was sampled in); the reader
-  adds them up. A crash loses at most the counts since the last flush: they are telemetry,
-  not data anyone acknowledged.
+  hands out is counted here, so the table is complete without the learners sending a single
+  id. Handing out only queues the request's item ids (under the coordinator's lock, it must
+  cost nothing); the scheduler's tick counts them, outside the lock. Counts live in a fixed
+  table per buffer (item `uid` in slot `uid % unique_in_memory`, numpy, a few vectorised
+  operations per sample request) and go to disk every `flush_s`, when an item is pushed out
+  of its slot by a newer one, and when the run ends. An item may so have several rows (one
+  per flush it was sampled in); the reader adds them up. A crash loses at most the counts
+  since the last flush: they are telemetry, not data anyone acknowledged.
 - `batch_log.jsonl`: per-sample values logged during learning, the rows the learners report
   (learner/batch_log.py), stamped with the run's env step and the reporting worker.
 
@@ -38,6 +39,7 @@ from rlfleet.shared.telemetry.rundata import BATCH_LOG_NAME, SAMPLES_NAME
 log = logging.getLogger("rlfleet.coordinator")
 
 LINE_ITEMS = 65_536  # items per samples.jsonl line: a reader never parses a huge line
+BACKLOG = 4  # queued items past this many tables' worth are counted at once
 
 
 class _Counts:
@@ -110,7 +112,14 @@ class BatchLog:
         self._clears: dict[str, int] = {}
         self._pushed: list[tuple[str, int, list[np.ndarray]]] = []
         self._pushed_rows = 0
-        self._lock = threading.Lock()  # the files, and swapping what the flush writes
+        self._lock = threading.Lock()  # the files
+        # sample requests waiting to be counted: (buffer, item ids or None for a clear,
+        # train iteration), and how many items they hold
+        self._queued: list[tuple[str, np.ndarray | None, int]] = []
+        self._queued_items = 0
+        self._backlog = BACKLOG * (cfg.unique_in_memory if cfg is not None else 0)
+        self._queue_lock = threading.Lock()
+        self._count_lock = threading.RLock()  # the tables: counting, clearing, taking
         self._last_flush = time.monotonic()
         self._samples: RotatingJsonl | None = None
         self._values: RotatingJsonl | None = None
@@ -121,29 +130,54 @@ class BatchLog:
             self._samples = RotatingJsonl(run_dir / SAMPLES_NAME, limit)
             self._values = RotatingJsonl(run_dir / BATCH_LOG_NAME, limit)
 
-    # -- under the coordinator's lock (Replay.sample, Replay.clear) ---------------------------
+    # -- under the coordinator's lock (Replay.sample, Replay.clear): O(1) --------------------
 
     def on_sample(self, buffer: str, item_ids: np.ndarray, train_iteration: int) -> None:
-        """Count a sample request's items of `buffer`."""
+        """Queue a sample request's items of `buffer` for counting. The counting itself
+        (hundreds of microseconds a request) happens outside the coordinator's lock, on its
+        scheduler's next tick (`count_queued`); only a backlog past `BACKLOG` tables' worth
+        of items is counted here, so the queue's memory stays bounded."""
+        if not self.active:
+            return
+        with self._queue_lock:
+            self._queued.append((buffer, item_ids, train_iteration))
+            self._queued_items += int(item_ids.size)
+            backlog = self._queued_items > self._backlog
+        if backlog:
+            self.count_queued()
+
+    def on_clear(self, buffer: str) -> None:
+        """`buffer` was cleared: its item ids start again at 0, as a new generation (in
+        order with the samples queued before and after it)."""
+        if self.active:
+            with self._queue_lock:
+                self._queued.append((buffer, None, 0))
+
+    # -- outside it ----------------------------------------------------------------------------
+
+    def count_queued(self) -> None:
+        """Count the queued sample requests' items, in the order they were handed out."""
         if not self.active:
             return
         assert self.cfg is not None
-        counts = self._counts.get(buffer)
-        if counts is None:
-            counts = self._counts[buffer] = _Counts(self.cfg.unique_in_memory)
-        pushed = counts.add(np.asarray(item_ids, dtype=np.int64), train_iteration)
-        if pushed is not None:
-            self._pushed.append((buffer, self._clears.get(buffer, 0), pushed))
-            self._pushed_rows += int(pushed[0].size)
-
-    def on_clear(self, buffer: str) -> None:
-        """`buffer` was cleared: its item ids start again at 0, as a new generation."""
-        if not self.active:
-            return
-        counts = self._counts.pop(buffer, None)
-        if counts is not None:
-            self._pushed.append((buffer, self._clears.get(buffer, 0), counts.take()))
-        self._clears[buffer] = self._clears.get(buffer, 0) + 1
+        with self._count_lock:
+            with self._queue_lock:
+                queued, self._queued, self._queued_items = self._queued, [], 0
+            for buffer, ids, iteration in queued:
+                clears = self._clears.get(buffer, 0)
+                if ids is None:  # a clear
+                    counts = self._counts.pop(buffer, None)
+                    if counts is not None:
+                        self._pushed.append((buffer, clears, counts.take()))
+                    self._clears[buffer] = clears + 1
+                    continue
+                counts = self._counts.get(buffer)
+                if counts is None:
+                    counts = self._counts[buffer] = _Counts(self.cfg.unique_in_memory)
+                pushed = counts.add(np.asarray(ids, dtype=np.int64), iteration)
+                if pushed is not None:
+                    self._pushed.append((buffer, clears, pushed))
+                    self._pushed_rows += int(pushed[0].size)
 
     def flush_due(self, now: float) -> bool:
         """`flush_s` has passed, or as many rows were pushed out as a table holds."""
@@ -152,20 +186,20 @@ class BatchLog:
             or self._pushed_rows >= self.cfg.unique_in_memory)
 
     def take_rows(self) -> list[tuple[str, int, list[np.ndarray]]]:
-        """What a flush writes: the pushed-out rows and every table's unflushed ones."""
-        rows, self._pushed, self._pushed_rows = self._pushed, [], 0
-        for buffer, counts in self._counts.items():
-            rows.append((buffer, self._clears.get(buffer, 0), counts.take()))
-        self._last_flush = time.monotonic()
+        """What a flush writes: the pushed-out rows and every table's unflushed ones, once
+        whatever was queued is counted."""
+        with self._count_lock:
+            self.count_queued()
+            rows, self._pushed, self._pushed_rows = self._pushed, [], 0
+            for buffer, counts in self._counts.items():
+                rows.append((buffer, self._clears.get(buffer, 0), counts.take()))
+            self._last_flush = time.monotonic()
         return rows
-
-    def clears(self, buffer: str) -> int:
-        return self._clears.get(buffer, 0)
 
     # -- outside it ----------------------------------------------------------------------------
 
     def write_samples(self, rows: list[tuple[str, int, list[np.ndarray]]]) -> None:
-        """Write what `take_rows` took (the file work, without the coordinator's lock)."""
+        """Write what `take_rows` took."""
         lines = []
         wall = time.time()
         for buffer, clears, (uid, times, first, last) in rows:

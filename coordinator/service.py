@@ -733,12 +733,9 @@ class Coordinator:
                 log.exception("scheduler tick failed")
 
     def _flush_batch_log(self) -> None:
-        """Sample counts to samples.jsonl: taken under the lock, written outside it."""
-        if not self.batch_log.active:
-            return
-        with self.state.cond:
-            rows = self.batch_log.take_rows()
-        self.batch_log.write_samples(rows)
+        """Sample counts to samples.jsonl (the batch log's own locks: none of the run's)."""
+        if self.batch_log.active:
+            self.batch_log.write_samples(self.batch_log.take_rows())
 
     def _tick(self) -> None:
         now = self.clock()
@@ -750,6 +747,7 @@ class Coordinator:
             self._offer_unassigned()
         self.eval_schedule.expire(now)
         self.readout.sample_rates(now)
+        self.batch_log.count_queued()  # the samples handed out since the last tick
         if self.batch_log.flush_due(time.monotonic()):
             self._flush_batch_log()
         state, stop = self.state, self.cfg.stop

@@ -497,7 +497,7 @@ class BatchLogConfig(Frozen):
                                     "are drawn at random)")
     unique_in_memory: int = Field(262_144, ge=1024, le=1 << 26, description="per buffer, how "
                                   "many items' sample counts the coordinator holds between "
-                                  "flushes (28 bytes each); an item pushed out goes to disk")
+                                  "flushes (32 bytes each); an item pushed out goes to disk")
     flush_s: float = Field(30.0, gt=0, description="sample counts go to samples.jsonl at "
                            "least this often (and when the run ends)")
     max_mb: float | None = Field(256.0, gt=0, description="each table's size limit in MB "

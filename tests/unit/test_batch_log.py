@@ -98,3 +98,20 @@ def test_without_a_run_dir_nothing_is_kept(tmp_path):
     assert not b.active
     b.on_sample("replay", np.arange(10), 1)
     assert b.take_rows() == [] and not list(tmp_path.iterdir())
+
+
+def test_handing_out_only_queues_and_a_backlog_is_counted_at_once(tmp_path):
+    """Under the coordinator's lock a sample request is only queued; the scheduler's tick
+    counts it. A queue past four tables' worth of items is counted at once (bounded)."""
+    b = _log(tmp_path)  # 1024 items a table: a backlog past 4096 items
+    b.on_sample("replay", np.arange(1000), 1)
+    assert b._queued_items == 1000 and not b._counts  # nothing counted yet
+    b.count_queued()
+    assert b._queued_items == 0 and "replay" in b._counts
+    for _ in range(5):
+        b.on_sample("replay", np.arange(1000, 2000), 2)
+    assert b._queued_items == 0  # 5,000 > 4,096: counted on the spot
+    _flush(b)
+    b.close()
+    samples = load_run(tmp_path).samples
+    assert int(samples["times_sampled"].sum()) == 6000 and len(samples) == 2000
