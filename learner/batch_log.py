@@ -92,6 +92,11 @@ class BatchLogTaker:
         while self._rows > MAX_LOGGED_SAMPLES or len(self._pending) > 1024:
             gone = self._pending.pop(0)  # the report is late: the oldest rows go
             self._rows -= len(gone.item_ids)
+            if not self.dropped:
+                log.warning("batch log: more samples are logged than one learn-info report "
+                            "carries (%d); the oldest are dropped: log fewer "
+                            "(logging.batch_log.every_train_iterations, samples_per_update)",
+                            MAX_LOGGED_SAMPLES)
             self.dropped += len(gone.item_ids)
 
     def take_pending(self) -> list[BatchLogEntry]:

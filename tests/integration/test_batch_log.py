@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from rlfleet.shared.telemetry.rundata import BATCH_LOG_NAME, SAMPLES_NAME, load_run
@@ -105,22 +104,3 @@ def test_a_bad_batch_log_is_refused_at_launch(tmp_path, batch_log, field):
                           env=marked_env("batch-log-bad"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert field in done.stderr, done.stderr[-2000:]
-
-
-def test_values_and_ids_stay_aligned_per_part():
-    """Two parts in one batch (a mix of buffers): each part's rows get their own values."""
-    import torch
-
-    from rlfleet.learner.batch_log import BatchLogTaker
-    from rlfleet.learner.batching import Batch
-    from rlfleet.shared.contract.config import BatchLogConfig
-
-    taker = BatchLogTaker(BatchLogConfig(every_train_iterations=1, samples_per_update=5))
-    batch = Batch({"reward": torch.zeros(6)}, samples=[
-        ("a", np.array([10, 11, 12]), slice(0, 3)), ("b", np.array([7, 8, 9]), slice(3, 6))])
-    taker.take(1, batch, {"v": torch.arange(6.0), "nan": torch.tensor([np.nan] * 6)})
-    a, b = taker.take_pending()
-    assert (a.buffer, a.item_ids, a.values["v"]) == ("a", [10, 11, 12], [0.0, 1.0, 2.0])
-    assert (b.buffer, b.item_ids, b.values["v"]) == ("b", [7, 8], [3.0, 4.0])  # 5 in all
-    assert a.values["nan"] == [None] * 3  # JSON has no NaN: not finite is null
-    assert taker.take_pending() == []
