@@ -33,7 +33,7 @@ from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.coordinator.buffers.queue import QueueBuffer
 from rlfleet.coordinator.buffers.ring import PrioritizedBuffer
 from rlfleet.coordinator.buffers.sequence import SequenceBuffer
-from rlfleet.shared.contract.algo import PrioritySettings
+from rlfleet.shared.contract.algo import PrioritySettings, RolloutSettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
 from rlfleet.shared.infra.storage import Storage
@@ -379,9 +379,10 @@ class Replay:
         if isinstance(buf, QueueBuffer):
             if buf.max_policy_lag is not None:  # the queue drops them as it hands out
                 raise StaleLoad(name, f"buffers.{name}.max_policy_lag", buf.max_policy_lag)
-            lag = getattr(self.cfg.algo, "max_policy_lag", None)
-            if lag is not None:  # the learner's rollouts drop them (learner/rollouts.py)
-                raise StaleLoad(name, "algo.max_policy_lag", lag)
+            algo = self.cfg.algo
+            if isinstance(algo, RolloutSettings) and algo.max_policy_lag is not None:
+                # the learner's rollouts drop them (learner/rollouts.py)
+                raise StaleLoad(name, "algo.max_policy_lag", algo.max_policy_lag)
         if priorities is None:
             return
         if len(priorities) != len(metas):
