@@ -33,7 +33,7 @@ import numpy as np
 
 from rlfleet.shared.contract.config import BatchLogConfig
 from rlfleet.shared.contract.schemas import LearnInfo
-from rlfleet.shared.telemetry.rotating import MB, RotatingJsonl
+from rlfleet.shared.telemetry.rotating import MB, SharedTable
 from rlfleet.shared.telemetry.rundata import BATCH_LOG_NAME, SAMPLES_NAME
 
 log = logging.getLogger("rlfleet.coordinator")
@@ -106,13 +106,10 @@ class BatchLog:
         if cfg is not None and run_dir is None:
             log.warning("logging.batch_log is set, but this coordinator has no run directory "
                         "(--run-dir): no batch log is written")
-        self.rows_written = 0  # batch_log.jsonl rows (samples)
-        self.items_flushed = 0  # samples.jsonl item rows
         self._counts: dict[str, _Counts] = {}
         self._clears: dict[str, int] = {}
         self._pushed: list[tuple[str, int, list[np.ndarray]]] = []
         self._pushed_rows = 0
-        self._lock = threading.Lock()  # the files
         # sample requests waiting to be counted: (buffer, item ids or None for a clear,
         # train iteration), and how many items they hold
         self._queued: list[tuple[str, np.ndarray | None, int]] = []
@@ -121,14 +118,13 @@ class BatchLog:
         self._queue_lock = threading.Lock()
         self._count_lock = threading.RLock()  # the tables: counting, clearing, taking
         self._last_flush = time.monotonic()
-        self._samples: RotatingJsonl | None = None
-        self._values: RotatingJsonl | None = None
+        self._tables: tuple[SharedTable, SharedTable] | None = None  # samples, values
         if self.active:
             assert cfg is not None and run_dir is not None
             run_dir.mkdir(parents=True, exist_ok=True)
             limit = None if cfg.max_mb is None else max(1, int(cfg.max_mb * MB))
-            self._samples = RotatingJsonl(run_dir / SAMPLES_NAME, limit)
-            self._values = RotatingJsonl(run_dir / BATCH_LOG_NAME, limit)
+            self._tables = (SharedTable(run_dir / SAMPLES_NAME, limit, "samples"),
+                            SharedTable(run_dir / BATCH_LOG_NAME, limit, "batch log"))
 
     # -- under the coordinator's lock (Replay.sample, Replay.clear): O(1) --------------------
 
@@ -196,8 +192,6 @@ class BatchLog:
             self._last_flush = time.monotonic()
         return rows
 
-    # -- outside it ----------------------------------------------------------------------------
-
     def write_samples(self, rows: list[tuple[str, int, list[np.ndarray]]]) -> None:
         """Write what `take_rows` took."""
         lines = []
@@ -210,12 +204,12 @@ class BatchLog:
                     "item_id": uid[cut].tolist(), "times_sampled": times[cut].tolist(),
                     "first_iteration": first[cut].tolist(),
                     "last_iteration": last[cut].tolist()}) + "\n")
-        if lines and self._write(self._samples, "".join(lines), "samples"):
-            self.items_flushed += sum(int(r[2][0].size) for r in rows)
+        if lines and self._tables is not None:
+            self._tables[0].write("".join(lines))
 
     def on_learn_info(self, req: LearnInfo, env_steps: int) -> None:
         """The per-sample values a learner reported, one line per logged update and buffer."""
-        if not self.active or not req.batch_log:
+        if self._tables is None or not req.batch_log:
             return
         wall = time.time()
         text = "".join(json.dumps({
@@ -223,22 +217,8 @@ class BatchLog:
             "env_step": env_steps, "wall_time": wall, "buffer": e.buffer,
             "buffer_clears": self._clears.get(e.buffer, 0), "item_id": e.item_ids,
             "values": e.values}) + "\n" for e in req.batch_log)
-        if self._write(self._values, text, "batch log"):
-            self.rows_written += sum(len(e.item_ids) for e in req.batch_log)
-
-    def _write(self, table: RotatingJsonl | None, text: str, what: str) -> bool:
-        with self._lock:
-            if table is None or table.closed:
-                return False
-            try:
-                table.write(text)
-            except OSError as err:  # a full disk must not fail a report or a sample
-                log.warning("%s: rows not written: %s", what, err)
-                return False
-        return True
+        self._tables[1].write(text)
 
     def close(self) -> None:
-        with self._lock:
-            for table in (self._samples, self._values):
-                if table is not None and not table.closed:
-                    table.close()
+        for table in self._tables or ():
+            table.close()

@@ -20,12 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 from pathlib import Path
 from typing import Any
 
 from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
-from rlfleet.shared.telemetry.rotating import RotatingJsonl
+from rlfleet.shared.telemetry.rotating import SharedTable
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 
 log = logging.getLogger("rlfleet.coordinator")
@@ -37,11 +36,10 @@ class EpisodeTable:
     def __init__(self, run: str, run_dir: Path | None, max_bytes: int | None = None) -> None:
         self.run = run
         self.rows_written = 0
-        self._lock = threading.Lock()
-        self._file: RotatingJsonl | None = None
+        self._file: SharedTable | None = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = RotatingJsonl(run_dir / EPISODES_NAME, max_bytes)
+            self._file = SharedTable(run_dir / EPISODES_NAME, max_bytes, "episode table")
 
     def on_chunks(self, worker_id: str, task_id: str, seed: int | None,
                   chunks: list[ChunkMeta], env_steps_after: int, wall_time: float) -> None:
@@ -88,21 +86,12 @@ class EpisodeTable:
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if self._file is None or not rows:
             return
-        text = "".join(json.dumps(_finite(r)) + "\n" for r in rows)
-        with self._lock:
-            if self._file.closed:
-                return
-            try:
-                self._file.write(text)  # flushed at once
-            except OSError as err:  # a full disk must not fail a chunk report
-                log.warning("episode table: %d rows not written: %s", len(rows), err)
-                return
-            self.rows_written += len(rows)
+        if self._file.write("".join(json.dumps(_finite(r)) + "\n" for r in rows)):
+            self.rows_written += len(rows)  # flushed at once; a full disk fails no report
 
     def close(self) -> None:
-        with self._lock:
-            if self._file is not None and not self._file.closed:
-                self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:

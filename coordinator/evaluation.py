@@ -180,10 +180,11 @@ class EvaluationSchedule:
                 self.tasks.end(rec.task_id, TaskState.FAILED, "evaluation timed out")
 
     def report(self, req: EvaluationReport, env_steps: int, train_iterations: int,
-               wall_time: float, record: Callable[[EvaluationResult], None]
-               ) -> EvaluationResult:
+               wall_time: float, record: Callable[[EvaluationResult], None],
+               env_kwargs: dict[str, Any] | None = None) -> EvaluationResult:
         """Summarise a report the coordinator has checked and keep it; `record` writes it to
-        the run's logger, which the coordinator owns."""
+        the run's logger, which the coordinator owns; `env_kwargs` are the commander's env
+        settings the evaluation ran with (its `score` ranks it by them)."""
         det = summarise_episodes(req.deterministic)
         sto = summarise_episodes(req.stochastic) if req.stochastic else None
         result = EvaluationResult(
@@ -195,8 +196,6 @@ class EvaluationSchedule:
             seq=self.total + 1)
         if req.video is not None:
             result.video = self._keep_video(result, req.video.fps)
-        evaluated = self.tasks.get(req.task_id).task  # the env settings it ran with
-        kwargs = dict(evaluated.env_kwargs) if isinstance(evaluated, EvaluateTask) else {}
         self.tasks.end(req.task_id, TaskState.FINISHED)
         self.total += 1
         self.evaluations.append(result)
@@ -204,7 +203,8 @@ class EvaluationSchedule:
         # The run's result: the policy that solved it, else the best-scored so far (by mean
         # return, unless the commander scores evaluations).
         solving = self._solves is not None and self._solves(result) is not None
-        score = result.return_mean if self._score is None else self._score(result, kwargs)
+        score = (result.return_mean if self._score is None
+                 else self._score(result, env_kwargs or {}))
         if solving or (score is not None and (self.best_score is None
                                               or score > self.best_score)):
             self.best_evaluation, self.best_score = result, score

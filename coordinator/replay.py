@@ -52,25 +52,31 @@ class UnknownBuffer(KeyError):
         return f"buffer '{self.name}' does not exist"
 
 
-class ReadOnlyBuffer(ValueError):
-    """A dataset buffer: its items are its dataset, never cleared or loaded into."""
+class BufferRefused(ValueError):
+    """A clear or a load the named buffer cannot take (409), whatever the request says."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"buffer '{name}' is a dataset buffer: its items are its dataset, "
-                         "and it cannot be cleared or loaded into")
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"buffer '{name}' {why}")
         self.name = name
 
 
-class StaleLoad(ValueError):
+class ReadOnlyBuffer(BufferRefused):
+    """A dataset buffer: its items are its dataset, never cleared or loaded into."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, "is a dataset buffer: its items are its dataset, and it "
+                         "cannot be cleared or loaded into")
+
+
+class StaleLoad(BufferRefused):
     """Rows loaded into a queue buffer that drops stale data would all be dropped: they
     were acted by another run's policies, which no policy lag of this run covers."""
 
     def __init__(self, name: str, setting: str, lag: int) -> None:
-        super().__init__(f"buffer '{name}' is a queue buffer whose rows are dropped when "
-                         f"stale ({setting}={lag}), and loaded rows were acted by another "
-                         "run's policies (policy version -1): every one would be dropped; "
-                         f"load them into a run without {setting}")
-        self.name = name
+        super().__init__(name, f"is a queue buffer whose rows are dropped when stale "
+                         f"({setting}={lag}), and loaded rows were acted by another run's "
+                         "policies (policy version -1): every one would be dropped; load "
+                         f"them into a run without {setting}")
 
 
 @dataclass(frozen=True)

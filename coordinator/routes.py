@@ -11,7 +11,7 @@ from flask import Blueprint, current_app, jsonify, request
 from rlfleet.coordinator.admission import DeviceMissing, NotAdmitted
 from rlfleet.coordinator.membership import Superseded, UnknownWorker, WorkerIdTaken
 from rlfleet.coordinator.openapi import document, openapi_document
-from rlfleet.coordinator.replay import ReadOnlyBuffer, StaleLoad, UnknownBuffer
+from rlfleet.coordinator.replay import BufferRefused, UnknownBuffer
 from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
 from rlfleet.coordinator.tasks import UnknownTask
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
@@ -132,13 +132,8 @@ def _unknown_buffer(err: UnknownBuffer):
     return error(404, str(err), err.field)
 
 
-@bp.errorhandler(ReadOnlyBuffer)
-def _read_only_buffer(err: ReadOnlyBuffer):
-    return error(409, str(err), "name")
-
-
-@bp.errorhandler(StaleLoad)
-def _stale_load(err: StaleLoad):
+@bp.errorhandler(BufferRefused)  # a dataset buffer, a queue that would drop a load
+def _buffer_refused(err: BufferRefused):
     return error(409, str(err), "name")
 
 

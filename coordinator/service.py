@@ -696,14 +696,13 @@ class Coordinator:
         self._check_task(req.task_id, req.worker_id, TaskKind.EVALUATE)
         seed = self._task_seed(req.task_id)
         state = self.state
+        evaluated = self.tasks.get(req.task_id).task  # the env settings it ran with
+        env_kwargs = dict(evaluated.env_kwargs) if isinstance(evaluated, EvaluateTask) else {}
         result = self.eval_schedule.report(req, state.env_steps, state.train_iterations,
                                            self.clock() - state.started_at,
-                                           self.runlog.on_evaluation)
+                                           self.runlog.on_evaluation, env_kwargs)
         self.episode_table.on_evaluation(req, seed, result.env_steps, time.time())
-        evaluated = self.tasks.get(req.task_id).task
-        for rec in self.env_settings.on_evaluation(
-                result, evaluated.env_kwargs if isinstance(evaluated, EvaluateTask) else {},
-                self.tasks):
+        for rec in self.env_settings.on_evaluation(result, env_kwargs, self.tasks):
             self.commander.push(rec)  # the same collect task, with new env settings
         if why := self.env_settings.solved():
             self.state.stop(why, solved=True)

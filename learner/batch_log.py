@@ -21,12 +21,17 @@ import torch
 
 from rlfleet.learner.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
-from rlfleet.shared.contract.schemas import MAX_LOGGED_SAMPLES, BatchLogEntry
+from rlfleet.shared.contract.schemas import (
+    MAX_LOGGED_ENTRIES,
+    MAX_LOGGED_SAMPLES,
+    MAX_SAMPLE_VALUES,
+    SAMPLE_VALUE_PATTERN,
+    BatchLogEntry,
+)
 
 log = logging.getLogger("rlfleet.learner")
 
-VALUE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")  # the contract's SampleValueName
-MAX_VALUES = 32  # per entry: the contract's bound (BatchLogEntry.values)
+VALUE_NAME = re.compile(SAMPLE_VALUE_PATTERN)  # what the contract takes as a value's name
 
 
 def _column(values: Any, rows: int) -> np.ndarray | None:
@@ -70,7 +75,7 @@ class BatchLogTaker:
                                 name, VALUE_NAME.pattern, rows)
                 continue
             columns[name] = column
-            if len(columns) == MAX_VALUES:
+            if len(columns) == MAX_SAMPLE_VALUES:
                 break
         budget = self.cfg.samples_per_update
         for buffer, ids, span in batch.samples:
@@ -89,7 +94,7 @@ class BatchLogTaker:
     def _add(self, entry: BatchLogEntry) -> None:
         self._pending.append(entry)
         self._rows += len(entry.item_ids)
-        while self._rows > MAX_LOGGED_SAMPLES or len(self._pending) > 1024:
+        while self._rows > MAX_LOGGED_SAMPLES or len(self._pending) > MAX_LOGGED_ENTRIES:
             gone = self._pending.pop(0)  # the report is late: the oldest rows go
             self._rows -= len(gone.item_ids)
             if not self.dropped:

@@ -32,16 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.frames import unpack
 from rlfleet.shared.contract.schemas import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import Storage, open_storage
-from rlfleet.shared.run.config import RunConfig, load_config
+from rlfleet.shared.run.config import RunConfig, read_run_config
 
 FORMAT = "rlfleet-buffer/1"
 LENGTHS = "_chunk_lengths"
 PRIORITY = "_priority"
-CONFIG_FILE = "config.yaml"
 CHUNKS_PER_REQUEST = 200  # a load's report: well under the coordinator's body limit
 
 
@@ -50,12 +50,12 @@ class BufferFileError(Exception):
 
 
 def _run(run_dir: str | Path) -> tuple[RunConfig, Storage]:
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise BufferFileError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
-    cfg = load_config(path)
+    try:
+        cfg = read_run_config(Path(run_dir))
+    except ConfigError as err:
+        raise BufferFileError(str(err)) from None
     if not cfg.storage:
-        raise BufferFileError(f"{path} names no storage")
+        raise BufferFileError(f"{Path(run_dir) / 'config.yaml'} names no storage")
     return cfg, open_storage(cfg.storage, cfg.name)
 
 

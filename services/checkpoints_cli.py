@@ -29,7 +29,7 @@ from rlfleet.learner.checkpoints import CheckpointInfo, read_index
 from rlfleet.shared.contract.codec import CodecError, read_metadata
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage import Storage, StorageError, open_storage
-from rlfleet.shared.run.config import RunConfig, load_config
+from rlfleet.shared.run.config import RunConfig, read_run_config
 
 if TYPE_CHECKING:
     from rlfleet.shared.algos.base import Policy
@@ -74,14 +74,6 @@ class RunCheckpoints:
                                 for c in self.checkpoints]}
 
 
-def run_config(run_dir: Path) -> RunConfig:
-    """The resolved config `rlfleet up` wrote into a run directory."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
-    return load_config(path)
-
-
 def storage_url(cfg: RunConfig, run_dir: Path) -> str:
     """Where the run's storage is, as `rlfleet play`/`export` find it."""
     return cfg.storage or str(run_dir / "storage")
@@ -120,7 +112,7 @@ def list_checkpoints(run_dir: str | Path, max_retry_s: float | None = None
     directory that is no run's, `StorageError` for a storage that cannot be read (Redis:
     after riding out an outage for `max_retry_s`, default `RLFLEET_STORAGE_RETRY_S`)."""
     run_dir = Path(run_dir)
-    cfg = run_config(run_dir)
+    cfg = read_run_config(run_dir)
     prefix = cfg.checkpoint.prefix
     url = storage_url(cfg, run_dir)
     storage = _open(cfg, run_dir, max_retry_s)

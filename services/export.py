@@ -35,7 +35,7 @@ from rlfleet.collector.saver import as_episode, read_saved, run_rows
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.data.datasets import write_minari
 from rlfleet.shared.infra.storage import open_storage
-from rlfleet.shared.run.config import RunConfig, load_config
+from rlfleet.shared.run.config import RunConfig, read_run_config
 
 if TYPE_CHECKING:
     from rlfleet.shared.algos.base import Policy
@@ -137,14 +137,6 @@ def greedy_policy(policy) -> _Greedy:
     from rlfleet.shared.algos.capabilities import Recurrent
 
     return _GreedyRecurrent(policy) if isinstance(policy, Recurrent) else _Greedy(policy)
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    """The resolved config `rlfleet up` wrote into a run directory."""
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
-    return load_config(config_path)
 
 
 def load_best_policy(cfg: RunConfig, run_dir: Path, seed: int | None = None

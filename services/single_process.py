@@ -186,24 +186,22 @@ class _LocalLeague:
         return float(np.mean(returns)) if returns else 0.0
 
 
-# What changes what a run trains, which this process has no place for: refused, naming it.
-REFUSED = {"coordinator.commander": "runs no commander (its tasks have no env settings)",
-           "learner.hooks": "runs no learner hooks"}
-# What only adds to what the cluster's logger writes: this process writes no run log.
-IGNORED = ("logging.batch_log", "logging.histograms", "logging.writers")
-
-
 def check_single(cfg: RunConfig) -> None:
     """Refuse the settings this process would silently leave out of training (a
-    `ConfigError` naming the field: exit 2), and warn of those it only does not log."""
-    for name, why in REFUSED.items():
-        section, key = name.split(".")
-        if getattr(getattr(cfg, section), key):
+    `ConfigError` naming the field: exit 2), and warn of those it only does not log (it
+    writes no run log)."""
+    refused = {"coordinator.commander": (cfg.coordinator.commander,
+                                         "runs no commander (its tasks have no env settings)"),
+               "learner.hooks": (cfg.learner.hooks, "runs no learner hooks")}
+    for name, (value, why) in refused.items():
+        if value:
             raise ConfigError(f"{name}: `rlfleet single` {why}; train this config with "
                               "`rlfleet up`")
-    for name in IGNORED:
-        section, key = name.split(".")
-        if getattr(getattr(cfg, section), key):
+    ignored = {"logging.batch_log": cfg.logging.batch_log,
+               "logging.histograms": cfg.logging.histograms,
+               "logging.writers": cfg.logging.writers}
+    for name, value in ignored.items():
+        if value:
             log.warning("%s: `rlfleet single` writes no run log; it is ignored here", name)
 
 

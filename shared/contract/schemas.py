@@ -505,7 +505,10 @@ class HistogramData(Request):
 
 
 MAX_LOGGED_SAMPLES = 65_536  # per report: logging.batch_log's rows, all entries together
-SampleValueName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+MAX_LOGGED_ENTRIES = 1024  # per report: logged updates x buffers
+MAX_SAMPLE_VALUES = 32  # per entry: value names
+SAMPLE_VALUE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+SampleValueName = Annotated[str, Field(pattern=SAMPLE_VALUE_PATTERN)]
 
 
 class BatchLogEntry(Request):
@@ -516,7 +519,7 @@ class BatchLogEntry(Request):
     buffer: Id
     item_ids: list[Int64] = Field(min_length=1, max_length=MAX_LOGGED_SAMPLES)
     values: dict[SampleValueName, list[Finite | None]] = Field(default_factory=dict,
-                                                              max_length=32)
+                                                              max_length=MAX_SAMPLE_VALUES)
 
     @model_validator(mode="after")
     def _same_length(self) -> BatchLogEntry:
@@ -555,7 +558,7 @@ class LearnInfo(Request):
     dataset_eval: dict[str, Finite] = Field(default_factory=dict, max_length=8, description=
                                             "the metric evaluator's scores (eval.dataset), when "
                                             "one ran since the last report")
-    batch_log: list[BatchLogEntry] = Field(default_factory=list, max_length=1024,
+    batch_log: list[BatchLogEntry] = Field(default_factory=list, max_length=MAX_LOGGED_ENTRIES,
                                            description="logging.batch_log: the samples of "
                                            "the updates logged since the last report")
 

@@ -377,6 +377,16 @@ def config_path(name_or_path: str | Path) -> Path:
     return path
 
 
+def read_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config `rlfleet up` wrote into a run directory (its `config.yaml`): what
+    every tool that reads a run back starts from. `ConfigError` for a directory that is no
+    run's."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory: it has no config.yaml")
+    return load_config(path)
+
+
 def load_config(path: str | Path,
                 overrides: Iterable[str] | Mapping[str, Any] | None = None) -> RunConfig:
     """The run config in a YAML file, or in the packaged ready run of that name, with

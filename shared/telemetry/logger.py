@@ -129,28 +129,25 @@ class RunLogger:
     def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
         """Show a video (already in the run dir as `mp4`) in the writers that can; one that
         fails is logged, never raised: a video must not fail a run."""
-        with self._lock:
-            if self._closed:
-                return
-            writers = [w for w in self._writers if hasattr(w, "video")]
-        for writer in writers:
-            try:
-                writer.video(tag, step, mp4, gif, fps)
-            except Exception:
-                log.exception("video not logged to %s", type(writer).__name__)
+        self._to_writers_with("video", tag, step, mp4, gif, fps)
 
     def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
         """Histograms (`logging.histograms`: HistogramData by name) to the writers that
         show them (TensorBoard, W&B), as `hist/<name>`; one that fails is logged."""
+        self._to_writers_with("histograms", int(step), histograms)
+
+    def _to_writers_with(self, method: str, *args: Any) -> None:
+        """Call `method` on the writers that have it (optional to a writer); one that fails
+        is logged, never raised: what it shows must not fail a run."""
         with self._lock:
             if self._closed:
                 return
-            writers = [w for w in self._writers if hasattr(w, "histograms")]
+            writers = [w for w in self._writers if hasattr(w, method)]
         for writer in writers:
             try:
-                writer.histograms(int(step), histograms)
+                getattr(writer, method)(*args)
             except Exception:
-                log.exception("histograms not logged to %s", type(writer).__name__)
+                log.exception("%s not logged to %s", method, type(writer).__name__)
 
     def add_writer(self, writer: MetricWriter) -> None:
         """One more destination for every record from now on (the coordinator's feed for

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
@@ -118,3 +119,31 @@ class RotatingJsonl:
                 part.unlink(missing_ok=True)
             except OSError as err:
                 log.warning("%s: cannot delete an old part (%s)", part, err)
+
+
+class SharedTable:
+    """A `RotatingJsonl` that request threads write whole lines to, under one lock. A write
+    that fails (a full disk) or comes after `close` is logged and dropped, never raised:
+    these tables are telemetry, and must not fail the report or request that fed them."""
+
+    def __init__(self, path: Path, max_bytes: int | None, what: str) -> None:
+        self.what = what  # for the warning: "episode table", "batch log", ...
+        self._lock = threading.Lock()
+        self._file = RotatingJsonl(path, max_bytes)
+
+    def write(self, text: str) -> bool:
+        """Append `text` (whole lines); whether it was written."""
+        with self._lock:
+            if self._file.closed:
+                return False
+            try:
+                self._file.write(text)
+            except OSError as err:
+                log.warning("%s: rows not written: %s", self.what, err)
+                return False
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
