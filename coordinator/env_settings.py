@@ -22,7 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
-from rlfleet.shared.contract.commander import FIELD, Commander, TaskEnvSettings
+from rlfleet.shared.contract.commander import (
+    FIELD,
+    Commander,
+    KeepsState,
+    ScoresEvaluations,
+    TaskEnvSettings,
+)
 from rlfleet.shared.contract.schemas import CollectTask, EvaluationResult, TaskKind
 
 log = logging.getLogger("rlfleet.coordinator")
@@ -33,6 +39,9 @@ class EnvSettings:
 
     def __init__(self, commander: Commander | None, stop: Callable[[str], None]) -> None:
         self.commander = commander
+        # What it may optionally do, asked once.
+        self._scorer = commander if isinstance(commander, ScoresEvaluations) else None
+        self._stateful = commander if isinstance(commander, KeepsState) else None
         self._stop = stop
         # re-entrant: a method that raises stops the run, and stopping snapshots it, which
         # asks the commander for its state on the same thread
@@ -117,8 +126,8 @@ class EnvSettings:
     def score(self, result: EvaluationResult, env_kwargs: dict[str, Any]) -> float | None:
         """How an evaluation ranks for the best policy: the commander's `score`, else (no
         commander, or one without it, or one that failed) the mean return."""
-        commander = self.commander
-        if commander is None or not callable(getattr(commander, "score", None)):
+        commander = self._scorer
+        if commander is None:
             return result.return_mean
 
         def ask() -> tuple[float | None]:
@@ -129,8 +138,8 @@ class EnvSettings:
 
     def state(self) -> Any:
         """The commander's state for a snapshot (JSON; None: it keeps none, or failed)."""
-        commander = self.commander
-        if commander is None or not callable(getattr(commander, "state_dict", None)):
+        commander = self._stateful
+        if commander is None:
             return None
 
         def ask() -> Any:
@@ -141,10 +150,10 @@ class EnvSettings:
 
     def load_state(self, state: Any) -> None:
         """Give the commander back its state from the snapshot a resumed run restored."""
-        commander = self.commander
-        if commander is None or state is None:
+        if self.commander is None or state is None:
             return
-        if not callable(getattr(commander, "load_state_dict", None)):
+        commander = self._stateful
+        if commander is None:
             log.warning("%s has no load_state_dict: it starts afresh on resume", FIELD)
             return
         self._call("load_state_dict", lambda: commander.load_state_dict(state))

@@ -1,20 +1,31 @@
 """Running the learner's hooks (`learner.hooks`, written as `rlfleet.shared.algos.hooks`
 describes) at their stages of the training loops.
 
-A hook that raises stops the learner like a policy that raises: it is the user's code in the
-loop, and a run that silently skipped it would train something else than asked. With no hooks
-the loops pay nothing: `per_update` is False and they skip the calls.
+Each hook is asked once, as the runner is made, which stages it defines (`isinstance`
+against the stage protocols); a stage calls only the hooks that define it. A hook that
+raises stops the learner like a policy that raises: it is the user's code in the loop, and a
+run that silently skipped it would train something else than asked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlfleet.shared.algos.hooks import STAGES, HookContext, LearnerHook, load_hooks
+from rlfleet.shared.algos.hooks import (
+    AfterIter,
+    AfterRun,
+    BeforeIter,
+    BeforeRun,
+    HookContext,
+    LearnerHook,
+    load_hooks,
+)
 from rlfleet.shared.contract.config import HookConfig
 
 __all__ = ["HookContext", "HookRunner", "LearnerHook"]
+
+Stage = list[Callable[[HookContext], None]]
 
 
 class HookRunner:
@@ -24,13 +35,15 @@ class HookRunner:
         ordered = [hook for _, _, hook in sorted(
             (priority, i, hook) for i, (priority, hook) in enumerate(hooks))]
         self.ctx = ctx
-        # a stage a hook leaves as LearnerHook's no-op is not called at all
-        self._stages = {stage: [getattr(h, stage) for h in ordered
-                                if callable(getattr(h, stage, None))
-                                and getattr(type(h), stage, None)
-                                is not getattr(LearnerHook, stage)] for stage in STAGES}
-        self.active = any(self._stages.values())
-        self._iterating = bool(self._stages["before_iter"] or self._stages["after_iter"])
+        self.hooks = ordered
+        self._before_run: Stage = [h.before_run for h in ordered if isinstance(h, BeforeRun)]
+        self._before_iter: Stage = [h.before_iter for h in ordered
+                                    if isinstance(h, BeforeIter)]
+        self._after_iter: Stage = [h.after_iter for h in ordered if isinstance(h, AfterIter)]
+        self._after_run: Stage = [h.after_run for h in ordered if isinstance(h, AfterRun)]
+        self.active = bool(self._before_run or self._before_iter or self._after_iter
+                           or self._after_run)
+        self._iterating = bool(self._before_iter or self._after_iter)
 
     @classmethod
     def from_config(cls, configs: list[HookConfig], ctx: HookContext) -> HookRunner:
@@ -42,12 +55,12 @@ class HookRunner:
         return self._iterating
 
     def before_run(self) -> None:
-        for call in self._stages["before_run"]:
+        for call in self._before_run:
             call(self.ctx)
 
     def before_iter(self, batch: Mapping[str, Any]) -> None:
         self.ctx.batch = batch
-        for call in self._stages["before_iter"]:
+        for call in self._before_iter:
             call(self.ctx)
 
     def after_iter(self, metrics: dict[str, Any], sample_values: dict[str, Any] | None = None,
@@ -58,11 +71,11 @@ class HookRunner:
         self.ctx.metrics = metrics
         self.ctx.sample_values = sample_values if sample_values is not None else {}
         self.ctx.logging_samples = logging_samples
-        for call in self._stages["after_iter"]:
+        for call in self._after_iter:
             call(self.ctx)
         self.ctx.batch = None
         self.ctx.logging_samples = False
 
     def after_run(self) -> None:
-        for call in self._stages["after_run"]:
+        for call in self._after_run:
             call(self.ctx)

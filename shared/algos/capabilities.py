@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from rlfleet.shared.algos.base import Optimizer, Policy, Reducer
+from rlfleet.shared.contract.plugins import declared, members
 from rlfleet.shared.util.moments import RunningMoments
 
 if TYPE_CHECKING:
@@ -162,26 +163,9 @@ CAPABILITIES: tuple[type, ...] = (DataParallel, NormalizesObservations, SeededAc
                                   Recurrent)
 
 
-def members(proto: type) -> list[str]:
-    """The names a protocol declares (its methods, properties and attributes)."""
-    names = [n for n, v in vars(proto).items() if not n.startswith("_")
-             and (callable(v) or isinstance(v, property))]
-    names += [n for n in getattr(proto, "__annotations__", {}) if not n.startswith("_")]
-    return sorted(set(names))
-
-
 def capabilities_of(policy: object) -> list[type]:
     """The capabilities an object (a built policy) implements."""
     return [cap for cap in CAPABILITIES if isinstance(policy, cap)]
-
-
-def declared(cls: type, name: str) -> bool:
-    """Whether `cls` itself (or a base other than `object`) defines `name`, as a method,
-    a property or a class attribute, or names it in an annotation."""
-    for klass in cls.__mro__[:-1]:
-        if name in vars(klass) or name in getattr(klass, "__annotations__", {}):
-            return True
-    return False
 
 
 def class_capabilities(cls: type) -> list[type]:

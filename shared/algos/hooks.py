@@ -1,6 +1,9 @@
-"""Learner hooks, as the user writes them: the base class, the context each stage gets, and
-their loading from `learner.hooks` (checked at launch by `rlfleet check`). The learner runs
-them (`rlfleet.learner.hooks.HookRunner`); docs/hooks.md has a complete example.
+"""Learner hooks, as the user writes them: the base class, the context each stage gets, the
+stages as small protocols, and their loading from `learner.hooks` (checked at launch by
+`rlfleet check`). The learner runs them (`rlfleet.learner.hooks.HookRunner`) at the same
+stages as its own features (publishing, checkpoints, reporting): docs/extending.md has a
+complete example. Import the names from `rlfleet` (`from rlfleet import LearnerHook,
+HookContext`).
 
 A hook is a class named in the config by import path, made once per learner process with its
 `params`:
@@ -9,16 +12,24 @@ A hook is a class named in the config by import path, made once per learner proc
       hooks:
         - {path: "my_pkg.hooks:ClipWatcher", priority: 10, params: {every: 100}}
 
-It may define any of these stages; each is called with a `HookContext` (the policy, the
-config, the learner's rank, and `metrics`, where a hook's own figures go: they are reported,
+It defines any of these stages; each is called with a `HookContext` (the policy, the config,
+the learner's rank, and `metrics`, where a hook's own figures go: they are reported,
 averaged over the logging interval and logged under `train/<key>` like the policy's):
 
-- `before_run(ctx)`: once, before the first update (after a checkpoint was restored);
+- `before_run(ctx)`: once, after a checkpoint was restored and the learner group formed (so
+  `ctx.rank` is this learner's), before the first update;
 - `before_iter(ctx)`: before each update, with `ctx.batch` the update's batch (tensors);
 - `after_iter(ctx)`: after each update, with `ctx.metrics` holding the update's metrics;
   on the updates `logging.batch_log` logs (`ctx.logging_samples`), `ctx.add_log(name,
   values)` logs one value per batch row beside each sample (docs/batch-log.md);
-- `after_run(ctx)`: once, after the last update, before the final checkpoint.
+- `after_run(ctx)`: once, after the last update, before the final checkpoint; on a crash
+  too (`ctx.crashed` is then the error).
+
+Each stage is a protocol (`BeforeRun`, `BeforeIter`, `AfterIter`, `AfterRun`): the learner
+asks `isinstance` once, when it makes the hook, and calls a hook only at the stages it
+defines. A hook that keeps state across a restart defines `state_dict()` and
+`load_state_dict(state)` (`Stateful`; `LearnerHook` gives both, keeping nothing): the state
+is saved in every checkpoint, as JSON, and given back when the learner resumes from one.
 
 Hooks run by `priority` (lowest first), equal priorities in the order listed.
 """
@@ -27,28 +38,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from rlfleet.shared.contract.config import ConfigError, HookConfig
-from rlfleet.shared.util.imports import ImportPathError, load_object
-
-STAGES = ("before_run", "before_iter", "after_iter", "after_run")
-
-
-class LearnerHook:
-    """A base to subclass (optional): every stage does nothing until overridden."""
-
-    def before_run(self, ctx: HookContext) -> None:
-        pass
-
-    def before_iter(self, ctx: HookContext) -> None:
-        pass
-
-    def after_iter(self, ctx: HookContext) -> None:
-        pass
-
-    def after_run(self, ctx: HookContext) -> None:
-        pass
+from rlfleet.shared.contract.config import HookConfig
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin, make_plugin
 
 
 @dataclass(eq=False)
@@ -63,6 +56,7 @@ class HookContext:
     metrics: dict[str, Any] = field(default_factory=dict)
     sample_values: dict[str, Any] = field(default_factory=dict)
     logging_samples: bool = False
+    crashed: BaseException | None = None  # after_run of a learner that is dying of it
 
     @property
     def train_iterations(self) -> int:
@@ -77,24 +71,65 @@ class HookContext:
             self.sample_values[name] = values
 
 
+@runtime_checkable
+class BeforeRun(Protocol):
+    def before_run(self, ctx: HookContext) -> None:
+        """Once, before the first update, the group formed."""
+
+
+@runtime_checkable
+class BeforeIter(Protocol):
+    def before_iter(self, ctx: HookContext) -> None:
+        """Before each update; `ctx.batch` is its batch."""
+
+
+@runtime_checkable
+class AfterIter(Protocol):
+    def after_iter(self, ctx: HookContext) -> None:
+        """After each update; `ctx.metrics` holds its metrics."""
+
+
+@runtime_checkable
+class AfterRun(Protocol):
+    def after_run(self, ctx: HookContext) -> None:
+        """Once, after the last update (or as the learner dies: `ctx.crashed`)."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A hook whose state rides in the learner's checkpoints (JSON)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+STAGES: tuple[type, ...] = (BeforeRun, BeforeIter, AfterIter, AfterRun)
+
+
+class LearnerHook:
+    """A base to subclass (optional): it keeps no state (`state_dict` is empty) and defines
+    no stage; a subclass defines the stages it runs at."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+HOOK = PluginKind("learner hook", any_of=STAGES, subclass="rlfleet.LearnerHook",
+                  any_of_label="stages")
+
+
 def load_hooks(configs: list[HookConfig]) -> list[tuple[int, Any]]:
     """The configured hooks, made, with their priorities; a `ConfigError` naming
     `learner.hooks[i]` for one that cannot be imported, made, or has no stage."""
     made: list[tuple[int, Any]] = []
     for i, hc in enumerate(configs):
         what = f"learner.hooks[{i}]"
-        try:
-            cls = load_object(hc.path, what)
-        except ImportPathError as err:
-            raise ConfigError(str(err)) from None
-        if not isinstance(cls, type):
-            raise ConfigError(f"{what}={hc.path!r} is not a class")
-        if not any(callable(getattr(cls, stage, None)) for stage in STAGES):
-            raise ConfigError(f"{what}={hc.path!r} has none of the stages "
-                              f"{', '.join(STAGES)}")
-        try:
-            hook = cls(**hc.params)
-        except TypeError as err:
-            raise ConfigError(f"{what}.params: {hc.path} does not take them: {err}") from None
-        made.append((hc.priority, hook))
+        cls = load_plugin(hc.path, what, HOOK)
+        made.append((hc.priority, make_plugin(cls, what, **hc.params)))
     return made

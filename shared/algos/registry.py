@@ -13,8 +13,8 @@ from rlfleet.shared.algos import appo, bc, cql, dqn, ppo, r2d2, rnd, sac
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import missing_policy_members
 from rlfleet.shared.algos.spec import AlgoSpec, RewardModelSpec
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin
 from rlfleet.shared.contract.spec import EnvSpec
-from rlfleet.shared.util.imports import ImportPathError, load_object
 
 ALGORITHMS: dict[str, AlgoSpec] = {spec.name: spec for spec in (
     dqn.SPEC,
@@ -39,16 +39,16 @@ def algo_spec(name: str) -> AlgoSpec:
         raise ValueError(f"algo.name={name!r} is not one of {sorted(ALGORITHMS)}") from None
 
 
+# A user's policy (`algo.policy`): a class with every member of `Policy`.
+POLICY = PluginKind("Policy", extra_check=missing_policy_members,
+                    subclass="rlfleet.Policy")
+
+
 def policy_class(algo_cfg: Any) -> type:
     """The class a config's `algo` section names: `algo.policy` if set (checked to have the
     `Policy` members), else the built-in algorithm of `algo.name`."""
     if algo_cfg.policy:
-        cls = load_object(algo_cfg.policy, "algo.policy")
-        missing = missing_policy_members(cls) if isinstance(cls, type) else []
-        if not isinstance(cls, type) or missing:
-            raise ImportPathError(f"algo.policy={algo_cfg.policy!r} is not a Policy class"
-                                  + (f": it lacks {', '.join(missing)}" if missing else ""))
-        return cls
+        return load_plugin(algo_cfg.policy, "algo.policy", POLICY)
     return algo_spec(algo_cfg.name).policy_class()
 
 

@@ -45,13 +45,12 @@ from rlfleet.shared.algos.capabilities import (
 )
 from rlfleet.shared.algos.registry import REWARD_MODELS
 from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin
 from rlfleet.shared.contract.spec import EnvSpec
-from rlfleet.shared.util.imports import ImportPathError, load_object
 from rlfleet.shared.util.moments import RunningMoments
 
 FIELD = "algo.reward_model"
 PREFIX = "reward_model."
-METHODS = ("estimate", "train", "state_dict", "load_state_dict")
 
 
 @runtime_checkable
@@ -76,16 +75,14 @@ class RewardModel(Protocol):
         ...
 
 
+REWARD_MODEL = PluginKind("reward model", required=(RewardModel,))
+
+
 def reward_model_class(path: str) -> type:
     """The class `path` names (a built-in model's name, or an import path), checked to have
-    the interface; `ImportPathError` otherwise."""
-    cls = (REWARD_MODELS[path].model_class() if path in REWARD_MODELS
-           else load_object(path, FIELD))
-    missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
-    if not isinstance(cls, type) or missing:
-        raise ImportPathError(f"{FIELD}={path!r} is not a reward model class"
-                              + (f": it lacks {', '.join(missing)}" if missing else ""))
-    return cls
+    the interface; `ConfigError` naming the field otherwise."""
+    return load_plugin(REWARD_MODELS[path].model if path in REWARD_MODELS else path, FIELD,
+                       REWARD_MODEL)
 
 
 def make_reward_model(algo_cfg: Any, spec: EnvSpec, seed: int) -> RewardModel:
@@ -100,10 +97,7 @@ def check_reward_model(cfg: Any, spec: EnvSpec) -> None:
     rm = cfg.algo.reward_model
     if rm is None:
         return
-    try:
-        cls = reward_model_class(rm.path)
-    except ImportPathError as err:
-        raise ConfigError(str(err)) from None
+    cls = reward_model_class(rm.path)
     try:
         model = cls(spec, seed=cfg.seed, **rm.kwargs)
     except ValidationError as err:  # a built-in model's settings (its config model)

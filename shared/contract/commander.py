@@ -45,8 +45,11 @@ Who calls what, all on the coordinator, one call at a time (the coordinator seri
   numbers, booleans, None). Both are optional: a commander without them starts afresh on
   resume (its tasks keep their last settings until it is asked again).
 
-`BaseCommander` gives every method a default, so a subclass writes only what it changes.
-An exception in a commander's method stops the run with the error as its reason.
+The five methods every commander has are the `Commander` protocol; the optional ones are
+`ScoresEvaluations` (`score`) and `KeepsState` (`state_dict`, `load_state_dict`), asked with
+`isinstance` once, when the coordinator makes the commander. `BaseCommander` (exported as
+`rlfleet.BaseCommander`) gives every method a default, so a subclass writes only what it
+changes. An exception in a commander's method stops the run with the error as its reason.
 """
 
 from __future__ import annotations
@@ -55,9 +58,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin, make_plugin
 from rlfleet.shared.contract.schemas import EnvKwargs, EvaluationResult, LevelSeeds
-from rlfleet.shared.util.imports import ImportPathError, load_object
 
 FIELD = "coordinator.commander"
 
@@ -101,6 +103,26 @@ class Commander(Protocol):
         ...
 
 
+@runtime_checkable
+class ScoresEvaluations(Protocol):
+    """A commander that ranks evaluations for the run's best policy itself."""
+
+    def score(self, result: EvaluationResult, env_kwargs: dict[str, Any]) -> float | None:
+        """Higher is better; None: the evaluation does not count."""
+        ...
+
+
+@runtime_checkable
+class KeepsState(Protocol):
+    """A commander whose state rides in the coordinator's snapshots (JSON)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
 class BaseCommander:
     """A commander that changes nothing: every task runs `env.kwargs`. Subclass it."""
 
@@ -141,7 +163,7 @@ class BaseCommander:
         return None
 
 
-REQUIRED = ("collect_settings", "evaluate_settings", "on_evaluation", "solved", "scalars")
+COMMANDER = PluginKind("commander", required=(Commander,), subclass="rlfleet.BaseCommander")
 
 
 def load_commander(cfg: Any) -> Commander | None:
@@ -151,19 +173,4 @@ def load_commander(cfg: Any) -> Commander | None:
     path = cfg.coordinator.commander
     if path is None:
         return None
-    try:
-        cls = load_object(path, FIELD)
-    except ImportPathError as err:
-        raise ConfigError(str(err)) from None
-    if not isinstance(cls, type):
-        raise ConfigError(f"{FIELD}={path!r} names {type(cls).__name__}, not a class")
-    missing = [m for m in REQUIRED if not callable(getattr(cls, m, None))]
-    if missing:
-        raise ConfigError(f"{FIELD}={path!r} is not a Commander: it lacks "
-                          f"{', '.join(missing)} (subclass "
-                          "rlfleet.shared.contract.commander:BaseCommander)")
-    try:
-        return cls(cfg)
-    except Exception as err:
-        raise ConfigError(f"{FIELD}={path!r}: making it failed: "
-                          f"{type(err).__name__}: {err}") from None
+    return make_plugin(load_plugin(path, FIELD, COMMANDER), FIELD, cfg)

@@ -8,15 +8,15 @@ first time it is used, so vector envs and wrappers treat it like any other.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
 from rlfleet.shared.contract.config import AtariConfig, EnvConfig
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.goals import FlattenGoalObs, is_goal_space
-from rlfleet.shared.util.imports import load_object
 
 # The project's own envs, made by id like gymnasium's (`env.id: rlfleet/BitFlip-v0`).
 if "rlfleet/BitFlip-v0" not in gym.registry:
@@ -29,6 +29,10 @@ if "rlfleet/CartPoleNoVel-v0" not in gym.registry:
                  max_episode_steps=500, reward_threshold=475.0)
 
 
+# A user's env by import path: an `Env` class or a function that makes one.
+ENV = PluginKind("env", callable_ok=True)
+
+
 def resolve_env_id(env_id: str) -> str:
     """`env_id` itself, after registering it with gymnasium when it is an import path."""
     if ":" not in env_id:
@@ -38,10 +42,7 @@ def resolve_env_id(env_id: str) -> str:
     registered = "user." + env_id.replace(":", ".")
     if registered in gym.registry:
         return registered
-    entry = load_object(env_id, "env.id")
-    if not callable(entry):
-        raise ValueError(f"env.id={env_id!r} names {type(entry).__name__}, not an Env class "
-                         "or factory")
+    load_plugin(env_id, "env.id", ENV)  # a ConfigError naming the field, or an env
     # by its path, not the object: an env spec with a callable cannot be saved (a Minari
     # dataset exported from the run stores its env's spec)
     gym.register(id=registered, entry_point=env_id)
@@ -146,11 +147,26 @@ def goal_functions(cfg: EnvConfig) -> tuple[Any, Any]:
         env.close()
         raise ValueError(f"env.id={cfg.id!r} is not goal-conditioned")
     inner = env.unwrapped
-    if not callable(getattr(inner, "compute_reward", None)):
+    if not isinstance(inner, ComputesReward):
         env.close()
         raise ValueError(f"env.id={cfg.id!r} has no compute_reward(achieved_goal, "
                          "desired_goal, info)")
-    return inner.compute_reward, getattr(inner, "compute_terminated", None)
+    return inner.compute_reward, (inner.compute_terminated
+                                  if isinstance(inner, ComputesTerminated) else None)
+
+
+@runtime_checkable
+class ComputesReward(Protocol):
+    """A goal-conditioned env's reward of any goal (gymnasium-robotics' `GoalEnv`)."""
+
+    def compute_reward(self, achieved_goal: Any, desired_goal: Any, info: Any) -> Any: ...
+
+
+@runtime_checkable
+class ComputesTerminated(Protocol):
+    """... and, optionally, whether a goal ends the episode."""
+
+    def compute_terminated(self, achieved_goal: Any, desired_goal: Any, info: Any) -> Any: ...
 
 
 class LevelSeed(gym.Wrapper):

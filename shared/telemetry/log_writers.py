@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rlfleet.shared.contract.config import WandbConfig
 
@@ -28,8 +28,11 @@ WANDB_ID_FILE = "wandb-run-id"
 WANDB_STEP_KEY = "env_step"
 
 
+@runtime_checkable
 class MetricWriter(Protocol):
-    """One destination of a run's records; `scalars` are finite floats under flat keys."""
+    """One destination of a run's records; `scalars` are finite floats under flat keys.
+    A user's writer (`logging.writers`) is made as `cls(run_dir=..., run_name=...,
+    config=..., resume=..., **params)`; import it as `rlfleet.MetricWriter`."""
 
     def write(self, scope: str, step: int, wall_time: float,
               scalars: Mapping[str, float]) -> None: ...
@@ -39,10 +42,20 @@ class MetricWriter(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class VideoWriter(Protocol):
-    """A writer that can also show videos (TensorBoard, W&B); the others have no `video`."""
+    """A writer that can also show videos (TensorBoard, W&B); the others have no `video`.
+    `mp4` is already in the run directory; `gif` the same frames as a GIF, where made."""
 
     def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None: ...
+
+
+@runtime_checkable
+class HistogramWriter(Protocol):
+    """A writer that can also show histograms (`logging.histograms`: `HistogramData` by
+    name, logged as `hist/<name>`)."""
+
+    def histograms(self, step: int, histograms: Mapping[str, Any]) -> None: ...
 
 
 class JsonlWriter:

@@ -32,12 +32,14 @@ import numpy as np
 from rlfleet.shared.contract.config import SCOPES, LoggingConfig, ScopeConfig
 from rlfleet.shared.telemetry.log_writers import (
     TB_DIR,
+    HistogramWriter,
     JsonlWriter,
     MetricWriter,
     TensorBoardWriter,
+    VideoWriter,
     WandbWriter,
 )
-from rlfleet.shared.telemetry.plugins import user_writers
+from rlfleet.shared.telemetry.plugins import shows, user_writers
 from rlfleet.shared.telemetry.rundata import JSONL_NAME, RESERVED, read_records
 
 log = logging.getLogger("rlfleet.logger")
@@ -127,27 +129,31 @@ class RunLogger:
             return True
 
     def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
-        """Show a video (already in the run dir as `mp4`) in the writers that can; one that
-        fails is logged, never raised: a video must not fail a run."""
-        self._to_writers_with("video", tag, step, mp4, gif, fps)
+        """Show a video (already in the run dir as `mp4`) in the writers that can
+        (`VideoWriter`); one that fails is logged, never raised: a video must not fail a
+        run."""
+        for writer in self._writers_showing(VideoWriter):
+            try:
+                writer.video(tag, step, mp4, gif, fps)
+            except Exception:
+                log.exception("video not logged to %s", type(writer).__name__)
 
     def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
         """Histograms (`logging.histograms`: HistogramData by name) to the writers that
-        show them (TensorBoard, W&B), as `hist/<name>`; one that fails is logged."""
-        self._to_writers_with("histograms", int(step), histograms)
+        show them (`HistogramWriter`: TensorBoard, W&B), as `hist/<name>`; one that fails
+        is logged."""
+        for writer in self._writers_showing(HistogramWriter):
+            try:
+                writer.histograms(int(step), histograms)
+            except Exception:
+                log.exception("histograms not logged to %s", type(writer).__name__)
 
-    def _to_writers_with(self, method: str, *args: Any) -> None:
-        """Call `method` on the writers that have it (optional to a writer); one that fails
-        is logged, never raised: what it shows must not fail a run."""
+    def _writers_showing(self, kind: type) -> list[Any]:
+        """The open writers that show `kind`'s extra (optional to a writer)."""
         with self._lock:
             if self._closed:
-                return
-            writers = [w for w in self._writers if hasattr(w, method)]
-        for writer in writers:
-            try:
-                getattr(writer, method)(*args)
-            except Exception:
-                log.exception("%s not logged to %s", method, type(writer).__name__)
+                return []
+            return [w for w in self._writers if shows(w, kind)]
 
     def add_writer(self, writer: MetricWriter) -> None:
         """One more destination for every record from now on (the coordinator's feed for

@@ -1,7 +1,8 @@
 """Metric writers of the user's (`logging.writers`): more destinations of every record.
 
 A writer is a class named by import path and made in the coordinator, where the run's one
-logger lives, with the run's place and name and its `params`:
+logger lives, with the run's place and name and its `params`; it satisfies `MetricWriter`
+(and `VideoWriter`, `HistogramWriter` if it shows those), which `rlfleet` exports:
 
     class MyWriter:
         def __init__(self, run_dir: Path, run_name: str, config: dict, resume: bool,
@@ -11,38 +12,30 @@ logger lives, with the run's place and name and its `params`:
         def flush(self) -> None: ...
         def close(self) -> None: ...
 
-(`video(tag, step, mp4, gif, fps)` too, if it shows videos.) A writer that cannot be made, or
-that raises, is logged and left out, once: like a broken W&B, a broken writer never stops a
-run or the other writers (`rlfleet up` imports and checks each at launch, so a misspelt path
-is refused there, naming the field).
+A writer that cannot be made, or that raises, is logged and left out, once: like a broken
+W&B, a broken writer never stops a run or the other writers (`rlfleet up` imports and checks
+each at launch, so a misspelt path is refused there, naming the field).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlfleet.shared.contract.config import ConfigError, LoggingConfig
-from rlfleet.shared.util.imports import ImportPathError, load_object
+from rlfleet.shared.contract.config import LoggingConfig
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin, make_plugin
+from rlfleet.shared.telemetry.log_writers import HistogramWriter, MetricWriter, VideoWriter
 
 log = logging.getLogger("rlfleet.logger")
 
-WRITER_METHODS = ("write", "flush", "close")
+WRITER = PluginKind("metric writer", required=(MetricWriter,), subclass="rlfleet.MetricWriter")
 
 
 def writer_class(path: str, what: str) -> type:
     """The class `path` names, checked to be a writer; `ConfigError` naming `what`."""
-    try:
-        cls = load_object(path, what)
-    except ImportPathError as err:
-        raise ConfigError(str(err)) from None
-    missing = [m for m in WRITER_METHODS if not callable(getattr(cls, m, None))]
-    if not isinstance(cls, type) or missing:
-        raise ConfigError(f"{what}={path!r} is not a metric writer class"
-                          + (f": it lacks {', '.join(missing)}" if missing else ""))
-    return cls
+    return load_plugin(path, what, WRITER)
 
 
 def check_writers(cfg: LoggingConfig) -> None:
@@ -56,33 +49,38 @@ def user_writers(cfg: LoggingConfig, run_dir: Path, run_name: str, config: dict,
     """The configured writers, made; one that fails to be made is logged and left out."""
     out = []
     for i, wc in enumerate(cfg.writers):
-        what = f"logging.writers[{i}]={wc.path!r}"
+        what = f"logging.writers[{i}]"
         try:
-            cls = writer_class(wc.path, f"logging.writers[{i}]")
-            writer = cls(run_dir=run_dir, run_name=run_name, config=config, resume=resume,
-                         **wc.params)
+            cls = writer_class(wc.path, what)
+            writer = make_plugin(cls, what, run_dir=run_dir, run_name=run_name,
+                                 config=config, resume=resume, **wc.params)
         except Exception:
-            log.exception("%s: not made; the run goes on without it", what)
+            log.exception("%s=%r: not made; the run goes on without it", what, wc.path)
             continue
-        out.append(GuardedWriter(writer, what))
+        out.append(GuardedWriter(writer, f"{what}={wc.path!r}"))
     return out
 
 
 class GuardedWriter:
-    """A user's writer whose failures are logged once and then leave it out."""
+    """A user's writer whose failures are logged once and then leave it out. What it can
+    show besides records is asked once, here (`shows`)."""
 
-    def __init__(self, writer: Any, what: str) -> None:
+    def __init__(self, writer: MetricWriter, what: str) -> None:
         self.writer = writer
         self.what = what
         self.broken = False
-        if callable(getattr(writer, "video", None)):
-            self.video = self._video
+        self._video = writer.video if isinstance(writer, VideoWriter) else None
+        self._histograms = writer.histograms if isinstance(writer, HistogramWriter) else None
 
-    def _call(self, name: str, *args: Any) -> None:
-        if self.broken:
+    def shows(self, kind: type) -> bool:
+        """Whether the wrapped writer is a `VideoWriter` or `HistogramWriter` (`kind`)."""
+        return isinstance(self.writer, kind)
+
+    def _call(self, name: str, method: Callable[..., None] | None, *args: Any) -> None:
+        if self.broken or method is None:
             return
         try:
-            getattr(self.writer, name)(*args)
+            method(*args)
         except Exception:
             self.broken = True
             log.exception("%s failed in %s: left out of the run's logging from now on",
@@ -90,13 +88,24 @@ class GuardedWriter:
 
     def write(self, scope: str, step: int, wall_time: float,
               scalars: Mapping[str, float]) -> None:
-        self._call("write", scope, step, wall_time, scalars)
+        self._call("write", self.writer.write, scope, step, wall_time, scalars)
 
     def flush(self) -> None:
-        self._call("flush")
+        self._call("flush", self.writer.flush)
 
     def close(self) -> None:
-        self._call("close")
+        self._call("close", self.writer.close)
 
-    def _video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
-        self._call("video", tag, step, mp4, gif, fps)
+    def video(self, tag: str, step: int, mp4: Path, gif: bytes | None, fps: int) -> None:
+        self._call("video", self._video, tag, step, mp4, gif, fps)
+
+    def histograms(self, step: int, histograms: Mapping[str, Any]) -> None:
+        self._call("histograms", self._histograms, step, histograms)
+
+
+def shows(writer: MetricWriter, kind: type) -> bool:
+    """Whether `writer` (a built-in one, or a user's behind its guard) shows `kind`'s
+    extra (`VideoWriter`, `HistogramWriter`)."""
+    if isinstance(writer, GuardedWriter):
+        return writer.shows(kind)
+    return isinstance(writer, kind)

@@ -57,7 +57,8 @@ def test_stages_left_as_the_base_no_op_cost_nothing_per_update():
 @pytest.mark.parametrize("path,params,message", [
     ("my_rl:NoSuchHook", {}, r"learner.hooks\[0\]='my_rl:NoSuchHook': module 'my_rl' has no "
      "attribute"),
-    ("my_rl:NOT_A_POLICY", {}, r"learner.hooks\[0\]='my_rl:NOT_A_POLICY' is not a class"),
+    ("my_rl:NOT_A_POLICY", {},
+     r"learner.hooks\[0\]='my_rl:NOT_A_POLICY' is not a learner hook class"),
     ("my_rl:LineWalk", {}, "has none of the stages"),
     ("my_rl:CountingHook", {"colour": "red"}, r"learner.hooks\[0\].params"),
 ])

@@ -259,7 +259,6 @@ def test_single_trains_the_overridden_config(tmp_path: Path, capsys):
 @pytest.mark.parametrize(("override", "field"), [
     ("coordinator.commander=rlfleet.shared.envs.corridor:CorridorCurriculum",
      "coordinator.commander"),
-    ('learner.hooks=["rlfleet.shared.algos.hooks:LearnerHook"]', "learner.hooks"),
 ])
 def test_single_refuses_what_it_would_leave_out_of_training(tmp_path: Path, capsys, override,
                                                             field):

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin
 from rlfleet.shared.envs.games.match import Actor, GameError, random_actor
 from rlfleet.shared.envs.games.tictactoe import board_from_planes, perfect_move
-from rlfleet.shared.util.imports import ImportPathError, load_object
+
+# A user's bot by import path: `make_bot(env_id, rng)` answering an `Actor`.
+BOT = PluginKind("bot", callable_ok=True)
 
 
 def perfect_actor(rng: np.random.Generator) -> Actor:
@@ -31,7 +35,7 @@ def make_bot(bot: str, env_id: str, rng: np.random.Generator) -> Actor:
     if not attr:
         raise GameError(f"bot {bot!r}: use 'random', 'perfect' or 'package.module:make_bot'")
     try:
-        factory = load_object(bot, "league.bots")
-    except ImportPathError as err:
+        factory = load_plugin(bot, "league.bots", BOT)
+    except ConfigError as err:
         raise GameError(f"bot {bot!r}: cannot import it ({err})") from err
     return factory(env_id, rng)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from rlfleet.shared.contract.config import ConfigError
+from rlfleet.shared.contract.plugins import PluginKind, load_plugin
 from rlfleet.shared.contract.spec import EnvSpec
-from rlfleet.shared.util.imports import ImportPathError, load_object
 
 Outcome = Literal["win", "draw", "loss"]
 Actor = Callable[[np.ndarray, np.ndarray], int]  # (observation, action mask) -> action
@@ -31,6 +32,17 @@ class GameError(ValueError):
     """An env id that names no two-player game, or an actor that broke the rules."""
 
 
+# A two-player game by import path: a function (or class) that makes a PettingZoo AEC env.
+GAME = PluginKind("game", callable_ok=True)
+
+
+@runtime_checkable
+class HasAgents(Protocol):
+    """A PettingZoo env: it names its agents."""
+
+    possible_agents: list[str]
+
+
 def make_game(env_id: str, **kwargs: Any) -> Any:
     """A PettingZoo AEC env: a classic game by name (`tictactoe_v3`), or a user's own by
     import path (`package.module:make_env`)."""
@@ -40,12 +52,12 @@ def make_game(env_id: str, **kwargs: Any) -> Any:
         raise GameError(f"env id {env_id!r}: use one of {sorted(CLASSIC)} or "
                         "'module:callable' for your own PettingZoo AEC env")
     try:
-        make = load_object(target, "env.id")
-    except ImportPathError as err:
+        make = load_plugin(target, "env.id", GAME)
+    except ConfigError as err:
         raise GameError(f"env id {env_id!r}: cannot import {target!r} ({err}); the classic "
                         "games need the games extra: pip install -e '.[games]'") from err
     env = make(**kwargs)
-    agents = getattr(env, "possible_agents", None)
+    agents = env.possible_agents if isinstance(env, HasAgents) else None
     if agents is None or len(agents) != 2:
         raise GameError(f"env id {env_id!r} is not a two-player AEC env "
                         f"(possible_agents: {agents})")
