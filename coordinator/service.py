@@ -4,7 +4,7 @@ Routes (`coordinator/routes.py`) are thin: they validate a body and call one met
 `Coordinator` is the glue, the request handlers, around parts that each own one concern:
 `CoordinatorState` (`state.py`: the run's counters, the lock that guards them and the
 replay, and the snapshot format), `Membership`, `TaskTable`, `Replay`, `RunLog`, the
-`Commander` (`commander.py`: pushes tasks to workers), the `EvaluationSchedule`
+`TaskDispatcher` (`dispatcher.py`: pushes tasks to workers), the `EvaluationSchedule`
 (`evaluation.py`), `Durability` (`durability.py`: the journal, snapshots, restore and the
 janitor), the `LearnerGroup` (`learner_group.py`: generations of the data-parallel learner
 group and the shards its ranks learn from) and the `Readout` (`readout.py`: what `/status`,
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlfleet.coordinator.admission import WorkerNetworks, check_device
 from rlfleet.coordinator.batch_log import BatchLog
-from rlfleet.coordinator.commander import Commander
+from rlfleet.coordinator.dispatcher import TaskDispatcher
 from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.env_settings import EnvSettings
 from rlfleet.coordinator.episodes import EpisodeTable
@@ -124,7 +124,7 @@ class Coordinator:
         self.tasks = TaskTable(cfg.collector)  # Ape-X slots on collect tasks, if asked
         self.replay = Replay(cfg, self.storage)
         self.group = LearnerGroup(cfg, clock)
-        self.commander = Commander(cfg, self.members, self.tasks, token)
+        self.dispatcher = TaskDispatcher(cfg, self.members, self.tasks, token)
         # The run's commander (`coordinator.commander`): env settings of tasks; its state
         # stop is bound late, once the state exists.
         self.env_settings = EnvSettings(load_commander(cfg), lambda why: self.stop(why))
@@ -141,7 +141,7 @@ class Coordinator:
         self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir)
                            if cfg.league is not None else None)
         self.eval_schedule = EvaluationSchedule(
-            cfg, self.tasks, self.members, self.storage, self.run_dir, self.commander.push,
+            cfg, self.tasks, self.members, self.storage, self.run_dir, self.dispatcher.push,
             battles=self.matchmaker.eval_opponents if self.matchmaker else None,
             solves=self.matchmaker.solved if self.matchmaker else None,
             show_video=self.runlog.on_video,
@@ -182,19 +182,19 @@ class Coordinator:
         if not self._started:
             self._started = True
             self._scheduler.start()
-            self.commander.start()
+            self.dispatcher.start()
             self.durability.start()
         return self
 
     def close(self) -> None:
         self._closing.set()
         self._wake.set()
-        self.commander.stop()
+        self.dispatcher.stop()
         with self.state.cond:
             self.state.cond.notify_all()
         if self._started:
             self._scheduler.join(timeout=5)
-            self.commander.join(timeout=5)
+            self.dispatcher.join(timeout=5)
         self.durability.close()  # after the scheduler: no snapshot may follow the final one
         if self.matchmaker is not None:
             self.matchmaker.write_view(self.clock(), final=True)
@@ -232,7 +232,7 @@ class Coordinator:
             self._leave_group(worker.worker_id, "registered again")
             for rec in self.tasks.active_for(worker.worker_id):
                 if rec.kind is TaskKind.EVALUATE:  # the new process never got it
-                    self.commander.push(rec)
+                    self.dispatcher.push(rec)
         if not self.stopped:
             self._assign_main_task(worker)
         return RegisterResponse(
@@ -341,7 +341,7 @@ class Coordinator:
                 log.info("task %s reassigned to %s", rec.task_id, worker.worker_id)
                 self.env_settings.refresh(rec, self.tasks)  # the commander's settings now
                 self._log_slot(rec)
-                self.commander.push(rec)
+                self.dispatcher.push(rec)
 
     # -- tasks ------------------------------------------------------------------------------
 
@@ -353,7 +353,7 @@ class Coordinator:
         if rec is not None:
             self.env_settings.refresh(rec, self.tasks)  # the commander's settings now
             self._log_slot(rec)
-            self.commander.push(rec)
+            self.dispatcher.push(rec)
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
@@ -368,7 +368,7 @@ class Coordinator:
             task = LearnTask(task_id=self.tasks.new_id(TaskKind.LEARN), seed=self.cfg.seed)
         rec = self.tasks.add(task, worker.worker_id)
         self._log_slot(rec)
-        self.commander.push(rec)
+        self.dispatcher.push(rec)
         return rec
 
     def _log_slot(self, rec: TaskRecord) -> None:
@@ -703,7 +703,7 @@ class Coordinator:
                                            self.runlog.on_evaluation, env_kwargs)
         self.episode_table.on_evaluation(req, seed, result.env_steps, time.time())
         for rec in self.env_settings.on_evaluation(result, env_kwargs, self.tasks):
-            self.commander.push(rec)  # the same collect task, with new env settings
+            self.dispatcher.push(rec)  # the same collect task, with new env settings
         if why := self.env_settings.solved():
             self.state.stop(why, solved=True)
         stop_value = self.cfg.eval.stop_value

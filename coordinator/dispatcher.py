@@ -1,4 +1,4 @@
-"""The commander: the one thread that pushes tasks to workers (`POST <worker>/task`).
+"""The task dispatcher: the one thread that pushes tasks to workers (`POST <worker>/task`).
 
 Tasks are queued when they are created, claimed or moved, and sent from here, off the
 request path: a worker that is slow to answer must not hold up the registration or the
@@ -24,7 +24,11 @@ from rlfleet.shared.run.config import RunConfig
 log = logging.getLogger("rlfleet.coordinator")
 
 
-class Commander:
+class TaskDispatcher:
+    """Sends queued tasks to their workers, one at a time, in order, off the request path.
+    (Not to be confused with the run's commander, `coordinator.commander`, which chooses
+    the env settings of tasks: `rlfleet.shared.contract.commander`.)"""
+
     def __init__(self, cfg: RunConfig, members: Membership, tasks: TaskTable,
                  token: str | None) -> None:
         self.cfg = cfg
@@ -33,7 +37,7 @@ class Commander:
         self._token = token
         self._closing = threading.Event()
         self._queue: queue.Queue[TaskRecord | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="commander", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="dispatcher", daemon=True)
 
     def push(self, rec: TaskRecord) -> None:
         """Send the task to its worker, soon (tasks go in the order they were queued)."""
