@@ -21,9 +21,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rlfleet.shared.util.imports import install_redirects
+
+install_redirects()  # modules that moved keep their old names, with a warning
+
 # name -> the module that defines it
 _PUBLIC = {
     "Policy": "rlfleet.shared.algos.base",
+    "LearnerHook": "rlfleet.shared.algos.hooks",
+    "HookContext": "rlfleet.shared.algos.hooks",
+    "BaseCommander": "rlfleet.shared.contract.commander",
+    "Commander": "rlfleet.shared.contract.commander",
+    "TaskEnvSettings": "rlfleet.shared.contract.commander",
+    "MetricWriter": "rlfleet.shared.telemetry.log_writers",
+    "VideoWriter": "rlfleet.shared.telemetry.log_writers",
+    "HistogramWriter": "rlfleet.shared.telemetry.log_writers",
     "ActOutput": "rlfleet.shared.algos.base",
     "LearnOutput": "rlfleet.shared.algos.base",
     "Reducer": "rlfleet.shared.algos.base",
@@ -39,16 +51,21 @@ _PUBLIC = {
     "RunStatus": "rlfleet.api",
 }
 
-__all__ = ["ActOutput", "ConfigError", "EnvSpec", "LearnOutput", "Policy", "Reducer", "Run",
-           "RunConfig", "RunStatus", "__version__", "load_config", "load_run", "parse_config",
-           "single", "up"]
+__all__ = ["ActOutput", "BaseCommander", "Commander", "ConfigError", "EnvSpec",
+           "HistogramWriter", "HookContext", "LearnOutput", "LearnerHook", "MetricWriter",
+           "Policy", "Reducer", "Run", "RunConfig", "RunStatus", "TaskEnvSettings",
+           "VideoWriter", "__version__", "load_config", "load_run", "parse_config", "single",
+           "up"]
 
 if TYPE_CHECKING:
     from rlfleet.api import Run, RunStatus, single, up
     from rlfleet.shared.algos.base import ActOutput, LearnOutput, Policy, Reducer
+    from rlfleet.shared.algos.hooks import HookContext, LearnerHook
+    from rlfleet.shared.contract.commander import BaseCommander, Commander, TaskEnvSettings
     from rlfleet.shared.contract.config import ConfigError
     from rlfleet.shared.contract.spec import EnvSpec
     from rlfleet.shared.run.config import RunConfig, load_config, parse_config
+    from rlfleet.shared.telemetry.log_writers import HistogramWriter, MetricWriter, VideoWriter
     from rlfleet.shared.telemetry.rundata import load_run
 
 

@@ -4,13 +4,23 @@ reward model or bot.
 Paths written before the package was `rlfleet` (`shared.algos.rnd:RND`, in configs and in
 every run directory's saved `config.yaml`) still resolve: `load_object` reads them as the
 module's new name and warns once per path, naming the path to write instead.
+
+Modules that moved inside `rlfleet` (`rlfleet.coordinator.replay` is
+`rlfleet.shared.replay` now) resolve by their old names too, in imports and in import
+paths alike: `install_redirects` (run by `import rlfleet`) puts a finder in front of
+Python's that answers an old name with the module of its new one, warning once per name.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import sys
+import types
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +125,42 @@ def load_object(path: str, what: str) -> Any:
             raise ImportPathError(f"{what}={path!r}: module {module_name!r} has no attribute "
                                   f"{attr!r}") from None
     return obj
+
+
+# Modules that moved inside the package: old name -> new name (`RENAMED_MODULES`). An import
+# of the old name gets the new module itself (one object under both names), with one
+# `RlfleetDeprecationWarning` per name naming the new one.
+RENAMED_MODULES: dict[str, str] = {}
+
+
+class _Redirects(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an old module name with the new module (`RENAMED_MODULES`)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in RENAMED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = RENAMED_MODULES[spec.name]
+        if spec.name not in _warned:
+            _warned.add(spec.name)
+            warnings.warn(f"{spec.name} moved: import {new}", RlfleetDeprecationWarning,
+                          stacklevel=2)
+        # The new module keeps its own name and spec (the import system sets only what a
+        # module lacks); it is registered under the old name as well.
+        return importlib.import_module(new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+_REDIRECTS = _Redirects()
+
+
+def install_redirects() -> None:
+    """Put the finder of moved modules first on `sys.meta_path`, once."""
+    if _REDIRECTS not in sys.meta_path:
+        sys.meta_path.insert(0, _REDIRECTS)

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfleet import LearnerHook
 from rlfleet.shared.algos.dqn import DQN
-from rlfleet.shared.algos.hooks import LearnerHook
 from rlfleet.shared.algos.nets import mlp
 
 
