@@ -5,7 +5,7 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 
 (a) Collector frames/s: one collector process steps Pong, packs each frame once, compresses
     and writes chunks and reports them; its rate comes from the coordinator's counters.
-    Ceiling: `rlfleet.collector.rollout.Rollout` over the same vector env and network in this
+    Ceiling: `rlfleet.shared.rollout.rollout.Rollout` over the same vector env and network in this
     process (one torch thread), storing nothing. Measured for each `env.backend` (envpool
     where the package is installed).
 (b) Bytes stored per env step: the chunks in storage after (a), beside what the same

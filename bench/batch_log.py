@@ -36,13 +36,13 @@ from rich.table import Table  # noqa: E402
 
 from bench.common import emit, exit_on_signals, fmt, log, parse_args, print_tables, rounded  # noqa: E402
 from rlfleet.coordinator.batch_log import BatchLog  # noqa: E402
-from rlfleet.coordinator.buffers.base import ChunkInfo  # noqa: E402
-from rlfleet.coordinator.buffers.ring import UniformBuffer  # noqa: E402
 from rlfleet.learner.batch_log import BatchLogTaker  # noqa: E402
-from rlfleet.learner.batching import Batch  # noqa: E402
 from rlfleet.shared.algos.registry import make_policy  # noqa: E402
+from rlfleet.shared.batching.batching import Batch  # noqa: E402
 from rlfleet.shared.contract.config import BatchLogConfig  # noqa: E402
 from rlfleet.shared.envs.make import run_spec  # noqa: E402
+from rlfleet.shared.replay.buffers.base import ChunkInfo  # noqa: E402
+from rlfleet.shared.replay.buffers.ring import UniformBuffer  # noqa: E402
 from rlfleet.shared.run.config import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -48,8 +48,8 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from rlfleet.coordinator.buffers.base import ChunkInfo  # noqa: E402
-from rlfleet.coordinator.buffers.ring import PrioritizedBuffer  # noqa: E402
+from rlfleet.shared.replay.buffers.base import ChunkInfo  # noqa: E402
+from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer  # noqa: E402
 
 ALPHA = 0.6
 BETA = 0.4

@@ -96,12 +96,12 @@ def play_only(config: Path, seconds: float) -> float:
     import numpy as np
     import torch
 
-    from rlfleet.collector.battle import BattleRollout, OpponentPool
-    from rlfleet.coordinator.league import League
-    from rlfleet.coordinator.matchmaking import as_opponent
     from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.envs.make import run_spec
     from rlfleet.shared.infra.storage import DirectoryStorage
+    from rlfleet.shared.league.league import League
+    from rlfleet.shared.league.matchmaking import as_opponent
+    from rlfleet.shared.rollout.battle import BattleRollout, OpponentPool
     from rlfleet.shared.run.config import load_config
 
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@
 (b) Learner: with the buffer filled by a collector and the collector stopped, one learner
     process trains freely on what the coordinator samples and reads chunks from storage; its
     train iterations/s come from the coordinator's counters. Ceiling: the single-process
-    runner's update loop (`Replay.sample` -> `rlfleet.learner.batching.assemble` ->
+    runner's update loop (`Replay.sample` -> `rlfleet.shared.batching.batching.assemble` ->
     `DQNLearner.update`, policy refreshed every `publish_every` iterations, new priorities
     written back after every sample) fed from memory, same batch size, network and buffer.
     Three learners, each on a coordinator of its own: batch 64 on the uniform buffer (on
@@ -58,17 +58,17 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from rlfleet.collector.rollout import Rollout  # noqa: E402
-from rlfleet.coordinator.replay import Replay  # noqa: E402
-from rlfleet.learner.arena import ChunkArena  # noqa: E402
-from rlfleet.learner.batching import assemble_from  # noqa: E402
 from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
 from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
+from rlfleet.shared.batching.arena import ChunkArena  # noqa: E402
+from rlfleet.shared.batching.batching import assemble_from  # noqa: E402
 from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
 from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.shared.replay.replay import Replay  # noqa: E402
+from rlfleet.shared.rollout.rollout import Rollout  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, parse_config
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for

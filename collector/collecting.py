@@ -22,7 +22,6 @@ from rlfleet.collector.adder import StorageAdder
 from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.evaluator import Evaluator
 from rlfleet.collector.inbox import TaskInbox
-from rlfleet.collector.rollout import Chunk, Rollout
 from rlfleet.collector.saver import EpisodeSaver
 from rlfleet.shared.contract.schemas import (
     API,
@@ -33,13 +32,14 @@ from rlfleet.shared.contract.schemas import (
 from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage
+from rlfleet.shared.rollout.rollout import Chunk, Rollout
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerAgent
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from rlfleet.collector.battle import BattleRollout, OpponentPool
+    from rlfleet.shared.rollout.battle import BattleRollout, OpponentPool
 
 log = logging.getLogger("rlfleet.collector")
 
@@ -154,7 +154,7 @@ class CollectLoop:
                          "at random", self.cfg.algo.name, self.counters.random_steps)
         assert acting.policy is not None
         if self.battle and self.pool is None:
-            from rlfleet.collector.battle import OpponentPool
+            from rlfleet.shared.rollout.battle import OpponentPool
 
             self.pool = OpponentPool(self.cfg, acting.spec, self.storage, self.task.seed)
         if self.rollout is None and not self.evaluate_only:
@@ -191,7 +191,7 @@ class CollectLoop:
     def _make_rollout(self) -> Rollout | BattleRollout:
         task, policy = self.task, self.acting.policy
         if self.pool is not None:
-            from rlfleet.collector.battle import BattleRollout
+            from rlfleet.shared.rollout.battle import BattleRollout
 
             return BattleRollout(self.cfg, policy, self.pool, self.inbox.next_opponent,
                                  task.chunk_size, task.mode, task.episodes_per_chunk,

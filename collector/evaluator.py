@@ -13,7 +13,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from rlfleet.collector.counters import CollectorCounters
-from rlfleet.collector.rollout import evaluate
 from rlfleet.shared.contract.codec import encode_weights
 from rlfleet.shared.contract.schemas import (
     API,
@@ -32,6 +31,7 @@ from rlfleet.shared.infra.storage import (
     video_blob,
     video_gif_blob,
 )
+from rlfleet.shared.rollout.rollout import evaluate
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerAgent
 
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import gymnasium as gym
 
     from rlfleet.collector.acting import Acting
-    from rlfleet.collector.battle import OpponentPool
     from rlfleet.shared.algos.base import Policy
+    from rlfleet.shared.rollout.battle import OpponentPool
 
 log = logging.getLogger("rlfleet.collector")
 
@@ -149,7 +149,7 @@ class Evaluator:
     def _battles(self, task: EvaluateTask, acting: Acting, pool: OpponentPool) -> None:
         """`task.episodes` games against each opponent from each seat, the policy greedy;
         the games are also the report's deterministic episodes (+1, 0, -1 each)."""
-        from rlfleet.collector.battle import battle_evaluate
+        from rlfleet.shared.rollout.battle import battle_evaluate
 
         policy = acting.for_evaluation(task.policy_version)
         tallies = battle_evaluate(self.cfg, policy, pool, task.battles, task.episodes,

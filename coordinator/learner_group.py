@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.queue import QueueBuffer
-from rlfleet.coordinator.replay import PartPlan, PartRefs, Replay
 from rlfleet.shared.contract.schemas import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.replay.buffers.queue import QueueBuffer
+from rlfleet.shared.replay.replay import PartPlan, PartRefs, Replay
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")

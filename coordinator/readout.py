@@ -23,9 +23,7 @@ from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.learner_group import LearnerGroup
-from rlfleet.coordinator.matchmaking import Matchmaker
 from rlfleet.coordinator.membership import Membership
-from rlfleet.coordinator.replay import Replay, UnknownBuffer
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskTable
 from rlfleet.shared.contract.schemas import (
@@ -47,6 +45,8 @@ from rlfleet.shared.contract.schemas import (
     WorkerResources,
 )
 from rlfleet.shared.infra.resources import slurm_placement
+from rlfleet.shared.league.matchmaking import Matchmaker
+from rlfleet.shared.replay.replay import Replay, UnknownBuffer
 from rlfleet.shared.run.config import RunConfig
 
 M = TypeVar("M", bound=BaseModel)

@@ -11,7 +11,6 @@ from flask import Blueprint, current_app, jsonify, request
 from rlfleet.coordinator.admission import DeviceMissing, NotAdmitted
 from rlfleet.coordinator.membership import Superseded, UnknownWorker, WorkerIdTaken
 from rlfleet.coordinator.openapi import document, openapi_document
-from rlfleet.coordinator.replay import BufferRefused, UnknownBuffer
 from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneration, WrongWorker
 from rlfleet.coordinator.tasks import UnknownTask
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
@@ -59,6 +58,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.infra.storage import StorageError
 from rlfleet.shared.infra.webapp import BadRequest, error, parse_body, parse_query
+from rlfleet.shared.replay.replay import BufferRefused, UnknownBuffer
 
 bp = Blueprint("coordinator", __name__)
 

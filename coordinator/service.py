@@ -35,10 +35,8 @@ from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.learner_group import LearnerGroup, StaleGeneration
 from rlfleet.coordinator.liveness import Liveness, probe
-from rlfleet.coordinator.matchmaking import Matchmaker
 from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker, WorkerIdTaken
 from rlfleet.coordinator.readout import Readout
-from rlfleet.coordinator.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.coordinator.runlog import RunLog
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
@@ -76,6 +74,8 @@ from rlfleet.shared.contract.schemas import (
 from rlfleet.shared.infra.auth import load_token
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact
+from rlfleet.shared.league.matchmaking import Matchmaker
+from rlfleet.shared.replay.replay import PartRefs, Replay, UnknownBuffer
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.rotating import MB
 
@@ -122,7 +122,10 @@ class Coordinator:
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.admission = WorkerNetworks(cfg.coordinator.worker_networks)
         self.tasks = TaskTable(cfg.collector)  # Ape-X slots on collect tasks, if asked
-        self.replay = Replay(cfg, self.storage)
+        # logging.batch_log: every sample handed out counted, per-sample values written
+        self.batch_log = BatchLog(cfg.logging.batch_log, self.run_dir)
+        self.replay = Replay(cfg, self.storage,
+                             self.batch_log if self.batch_log.active else None)
         self.group = LearnerGroup(cfg, clock)
         self.dispatcher = TaskDispatcher(cfg, self.members, self.tasks, token)
         # The run's commander (`coordinator.commander`): env settings of tasks; its state
@@ -134,9 +137,6 @@ class Coordinator:
         self.episode_table = EpisodeTable(
             cfg.name, self.run_dir if cfg.logging.episodes else None,
             None if max_mb is None else max(1, int(max_mb * MB)))
-        # logging.batch_log: every sample handed out counted, per-sample values written
-        self.batch_log = BatchLog(cfg.logging.batch_log, self.run_dir)
-        self.replay.batch_log = self.batch_log if self.batch_log.active else None
         # self-play: the league, its opponents and snapshots (None: a single-agent run)
         self.matchmaker = (Matchmaker(cfg, self.storage, self.run_dir)
                            if cfg.league is not None else None)

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from rlfleet.coordinator.evaluation import EvaluationSchedule
-from rlfleet.coordinator.matchmaking import Matchmaker
-from rlfleet.coordinator.replay import Replay
 from rlfleet.coordinator.tasks import TaskTable
 from rlfleet.shared.contract.schemas import ChunkMeta, TaskKind
+from rlfleet.shared.league.matchmaking import Matchmaker
+from rlfleet.shared.replay.replay import Replay
 
 log = logging.getLogger("rlfleet.coordinator")
 

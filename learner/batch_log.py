@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.learner.batching import Batch
+from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
 from rlfleet.shared.contract.schemas import (
     MAX_LOGGED_ENTRIES,

@@ -40,10 +40,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from rlfleet.learner.sampling import SampleLoop, batch_fields, column_rows, part_rows
+from rlfleet.learner.sampling import SampleLoop
 from rlfleet.learner.shm import SHM_DIR, new_region
-from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
+from rlfleet.shared.batching.rows import batch_fields, column_rows, part_rows
+from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.frames import FRAMES, OBS_STACK, field_layout, stack_index, take
 from rlfleet.shared.contract.schemas import MixShare, SampleResponse
 
@@ -414,7 +415,7 @@ class DataProcess:
     def _batches(self, message: dict) -> list:
         import torch
 
-        from rlfleet.learner.batching import Batch
+        from rlfleet.shared.batching.batching import Batch
 
         path = message["path"]
         region = self._maps.get(path)

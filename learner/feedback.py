@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from rlfleet.learner.batching import Batch
+from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.schemas import PriorityUpdate
 
 

@@ -13,7 +13,6 @@ import time
 
 import torch
 
-from rlfleet.learner.batching import Batch
 from rlfleet.learner.dataproc import DataProcess
 from rlfleet.learner.dataset_eval import DatasetScorer
 from rlfleet.learner.group import GroupError
@@ -21,8 +20,9 @@ from rlfleet.learner.onpolicy import merge_obs_stats
 from rlfleet.learner.prefetch import Prefetcher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.learner.training import Training
-from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.capabilities import NormalizesObservations
+from rlfleet.shared.batching.batching import Batch
+from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.schemas import MixShare
 from rlfleet.shared.envs.make import run_spec
 
@@ -137,7 +137,7 @@ def open_feed(t: Training) -> Prefetcher | DataProcess:
     assert session.assignment is not None
     mix = [MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
     generation = session.assignment.generation if session.world_size > 1 else None
-    # n-step returns, hindsight relabelling, per-buffer rewards (learner/transforms.py)
+    # n-step returns, hindsight relabelling, per-buffer rewards (shared/batching/transforms.py)
     transforms = BatchTransforms.from_config(
         cfg, seed=t.seed * 1009 + (session.assignment.rank or 0))
     worker_id = t.agent.worker_id

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.learner.batching import Batch, assemble_from
-from rlfleet.learner.sampling import SampleLoop, batch_fields
+from rlfleet.learner.sampling import SampleLoop
+from rlfleet.shared.batching.batching import Batch, assemble_from
+from rlfleet.shared.batching.rows import batch_fields
 from rlfleet.shared.contract.schemas import SampleResponse
 
 

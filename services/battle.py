@@ -24,13 +24,13 @@ def battle_run(run_dir: Path, games: int, seed: int, policy_path: Path | None = 
                ) -> dict[str, Any]:
     import torch
 
-    from rlfleet.collector.battle import OpponentPool, battle_evaluate
     from rlfleet.coordinator.evaluation import battle_rates
     from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import decode_weights
     from rlfleet.shared.contract.schemas import BattleOutcome, Opponent
     from rlfleet.shared.envs.make import run_spec
     from rlfleet.shared.infra.storage import open_storage, snapshot_blob
+    from rlfleet.shared.rollout.battle import OpponentPool, battle_evaluate
 
     torch.set_num_threads(1)
     cfg = load_config(run_dir / "config.yaml")

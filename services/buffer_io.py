@@ -104,7 +104,7 @@ def _snapshot(storage: Storage, name: str) -> tuple[dict[str, np.ndarray], dict[
 
 def _stopped_buffer(cfg: RunConfig, storage: Storage, name: str) -> tuple[str, list[str]]:
     """(kind, chunk ids) of a stopped run's buffer, from its last snapshot."""
-    from rlfleet.coordinator.replay import Replay
+    from rlfleet.shared.replay.replay import Replay
 
     if name not in cfg.buffers:
         raise BufferFileError(f"buffer '{name}' does not exist (the run has "

@@ -83,10 +83,10 @@ def _runs(arrays: dict[str, np.ndarray], whole_chunks: bool, envs: int = 1
 
 
 def snapshot_episodes(cfg: RunConfig, run_dir: Path) -> Iterator[dict[str, np.ndarray]]:
-    from rlfleet.coordinator.buffers.dataset import DatasetBuffer
-    from rlfleet.coordinator.replay import Replay
     from rlfleet.shared.contract.codec import decode_arrays
     from rlfleet.shared.contract.frames import unpack
+    from rlfleet.shared.replay.buffers.dataset import DatasetBuffer
+    from rlfleet.shared.replay.replay import Replay
 
     storage = open_storage(cfg.storage or str(run_dir / "storage"), cfg.name)
     try:
@@ -172,8 +172,8 @@ def policy_from_blob(cfg: RunConfig, blob: bytes, seed: int | None = None
 
 def policy_episodes(cfg: RunConfig, run_dir: Path, episodes: int, greedy: bool = False,
                     checkpoint: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    from rlfleet.collector.rollout import Rollout
     from rlfleet.shared.envs.make import make_vector_env, with_step_cap
+    from rlfleet.shared.rollout.rollout import Rollout
 
     if checkpoint is not None:
         from rlfleet.checkpoints_cli import checkpoint_policy

@@ -23,22 +23,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlfleet.collector.battle import BattleRollout, OpponentPool, battle_evaluate
-from rlfleet.collector.rollout import Rollout, evaluate
 from rlfleet.coordinator.evaluation import battle_rates
-from rlfleet.coordinator.league import MAIN, League
-from rlfleet.coordinator.matchmaking import as_opponent, eval_opponents, solved_by
-from rlfleet.coordinator.replay import Replay
-from rlfleet.learner.arena import ChunkArena
-from rlfleet.learner.batching import assemble_from
 from rlfleet.learner.feedback import PriorityFeedback
 from rlfleet.learner.rollouts import concat_chunks
-from rlfleet.learner.sampling import batch_fields
-from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import EpsilonGreedy
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.algos.reward_model import with_reward_model
+from rlfleet.shared.batching.arena import ChunkArena
+from rlfleet.shared.batching.batching import assemble_from
+from rlfleet.shared.batching.rows import batch_fields
+from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.codec import encode_weights
 from rlfleet.shared.contract.config import ConfigError, apex_epsilon
 from rlfleet.shared.contract.frames import pack, packable
@@ -46,6 +41,11 @@ from rlfleet.shared.contract.schemas import BattleOutcome, ChunkMeta, Consumed, 
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob
+from rlfleet.shared.league.league import MAIN, League
+from rlfleet.shared.league.matchmaking import as_opponent, eval_opponents, solved_by
+from rlfleet.shared.replay.replay import Replay
+from rlfleet.shared.rollout.battle import BattleRollout, OpponentPool, battle_evaluate
+from rlfleet.shared.rollout.rollout import Rollout, evaluate
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.single_process")

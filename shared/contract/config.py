@@ -630,7 +630,7 @@ class WinRateRule(Frozen):
 
 class LeagueConfig(Frozen):
     """Self-play: `env.id` is a two-player game and the main player meets a league of its
-    past snapshots and fixed bots (`coordinator/league.py`)."""
+    past snapshots and fixed bots (`shared/league/league.py`)."""
 
     bots: tuple[str, ...] = Field(("random",), description="fixed opponents: 'random', "
                                   "'perfect' (tictactoe_v3), or 'package.module:make_bot'")

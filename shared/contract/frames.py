@@ -8,7 +8,7 @@ learner rebuilds a batch's stacks with one gather (`take`), never the whole chun
 
 Packing is exact whatever the env: a frame is shared only where the bytes are equal, checked
 here, so a wrong guess about an env's stacking costs space, never a wrong observation. What
-makes sharing common is the chunk layout of `collector/rollout.py`: rows of one env are
+makes sharing common is the chunk layout of `shared/rollout/rollout.py`: rows of one env are
 contiguous, and within a run (no `cut` between them) row t's `obs` is row t-1's `next_obs`.
 Across episode boundaries a stack padded with its reset frame repeats that frame, which is
 shared too.

@@ -9,8 +9,9 @@ records where each part lies (`GoalLayout`). The learner reads the layout to rel
 parts.
 
 Success is what such envs report in `info["is_success"]` on an episode's last step
-(`episode_success`); evaluations count it beside the returns (`rlfleet.collector.rollout.evaluate`,
-`rlfleet play`), and an env that reports none has a success rate of None, not 0.
+(`episode_success`); evaluations count it beside the returns
+(`rlfleet.shared.rollout.rollout.evaluate`, `rlfleet play`), and an env that reports none
+has a success rate of None, not 0.
 """
 
 from __future__ import annotations

@@ -130,7 +130,27 @@ def load_object(path: str, what: str) -> Any:
 # Modules that moved inside the package: old name -> new name (`RENAMED_MODULES`). An import
 # of the old name gets the new module itself (one object under both names), with one
 # `RlfleetDeprecationWarning` per name naming the new one.
-RENAMED_MODULES: dict[str, str] = {}
+RENAMED_MODULES: dict[str, str] = {
+    # the library the roles shared by importing each other's internals, now `shared/`
+    "rlfleet.coordinator.replay": "rlfleet.shared.replay.replay",
+    "rlfleet.coordinator.datasets": "rlfleet.shared.replay.datasets",
+    "rlfleet.coordinator.buffers.base": "rlfleet.shared.replay.buffers.base",
+    "rlfleet.coordinator.buffers.dataset": "rlfleet.shared.replay.buffers.dataset",
+    "rlfleet.coordinator.buffers.episode": "rlfleet.shared.replay.buffers.episode",
+    "rlfleet.coordinator.buffers.queue": "rlfleet.shared.replay.buffers.queue",
+    "rlfleet.coordinator.buffers.ratelimit": "rlfleet.shared.replay.buffers.ratelimit",
+    "rlfleet.coordinator.buffers.ring": "rlfleet.shared.replay.buffers.ring",
+    "rlfleet.coordinator.buffers.sequence": "rlfleet.shared.replay.buffers.sequence",
+    "rlfleet.coordinator.buffers.sumtree": "rlfleet.shared.replay.buffers.sumtree",
+    "rlfleet.coordinator.buffers": "rlfleet.shared.replay.buffers",
+    "rlfleet.coordinator.league": "rlfleet.shared.league.league",
+    "rlfleet.coordinator.matchmaking": "rlfleet.shared.league.matchmaking",
+    "rlfleet.collector.rollout": "rlfleet.shared.rollout.rollout",
+    "rlfleet.collector.battle": "rlfleet.shared.rollout.battle",
+    "rlfleet.learner.batching": "rlfleet.shared.batching.batching",
+    "rlfleet.learner.transforms": "rlfleet.shared.batching.transforms",
+    "rlfleet.learner.arena": "rlfleet.shared.batching.arena",
+}
 
 
 class _Redirects(importlib.abc.MetaPathFinder, importlib.abc.Loader):

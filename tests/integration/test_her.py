@@ -10,9 +10,9 @@ import json
 import numpy as np
 import yaml
 
-from rlfleet.collector.rollout import evaluate
 from rlfleet.export import load_best_policy, read_run_config
 from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.rollout.rollout import evaluate
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import load_run
 from rlfleet.single_process import run_single

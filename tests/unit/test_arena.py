@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.learner.arena import ChunkArena
+from rlfleet.shared.batching.arena import ChunkArena
 
 
 def chunk(tag: int, n: int) -> dict[str, np.ndarray]:

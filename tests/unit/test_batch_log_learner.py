@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from rlfleet.learner.batch_log import BatchLogTaker
-from rlfleet.learner.batching import Batch
+from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
 from rlfleet.shared.contract.schemas import MAX_LOGGED_SAMPLES
 

@@ -7,11 +7,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet.collector.rollout import evaluate
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.envs.bitflip import BitFlipEnv
 from rlfleet.shared.envs.goals import FlattenGoalObs
 from rlfleet.shared.envs.make import env_spec, goal_functions, make_vector_env
+from rlfleet.shared.rollout.rollout import evaluate
 
 N = 7
 CFG = EnvConfig(id="rlfleet/BitFlip-v0", kwargs={"n_bits": N})

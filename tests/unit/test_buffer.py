@@ -1,9 +1,9 @@
-"""coordinator/buffers/ring.py UniformBuffer: the transition ring's bookkeeping and uniform
+"""shared/replay/buffers/ring.py UniformBuffer: the transition ring's bookkeeping and uniform
 sampling over the items it holds.
 
 What the ring shares with the prioritized buffer (released chunks against a model of the
 ring, sample_range, sampling without replacement, bad requests) and the rate limiter
-(coordinator/buffers/ratelimit.py) are tested in test_prioritized.py; the buffers are not
+(shared/replay/buffers/ratelimit.py) are tested in test_prioritized.py; the buffers are not
 thread-safe on their own (the coordinator holds one lock around them), and that lock's use
 with the limiter is tested there too.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.buffers.base import ChunkInfo
-from rlfleet.coordinator.buffers.ring import UniformBuffer
+from rlfleet.shared.replay.buffers.base import ChunkInfo
+from rlfleet.shared.replay.buffers.ring import UniformBuffer
 
 
 def chunk(chunk_id: str, length: int, version: int = 0) -> ChunkInfo:

@@ -4,7 +4,7 @@ count, so it stops growing minutes into a run."""
 
 from __future__ import annotations
 
-from rlfleet.coordinator.buffers import ChunkRegistry
+from rlfleet.shared.replay.buffers import ChunkRegistry
 
 
 class Clock:

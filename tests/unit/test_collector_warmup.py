@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rlfleet.collector.acting import RandomPolicy, random_warmup_steps
-from rlfleet.collector.rollout import Rollout
 from rlfleet.shared.envs.make import env_spec, make_vector_env
+from rlfleet.shared.rollout.rollout import Rollout
 from rlfleet.shared.run.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_acting_at_random_needs_no_torch():
     code = ("import sys\n"
             "import rlfleet.collector.service\n"
             "from rlfleet.collector.acting import RandomPolicy, random_warmup_steps\n"
-            "from rlfleet.collector.rollout import Rollout\n"
+            "from rlfleet.shared.rollout.rollout import Rollout\n"
             "from rlfleet.shared.run.config import load_config\n"
             "from rlfleet.shared.envs.make import env_spec, make_vector_env\n"
             "cfg = load_config('configs/cartpole-dqn.yaml')\n"

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from rlfleet.learner.batching import assemble
+from rlfleet.shared.batching.batching import assemble
 from rlfleet.shared.contract.codec import decode_arrays
 from rlfleet.shared.contract.schemas import SampleResponse, Status
 from rlfleet.shared.infra.http import HttpClient, HttpError

@@ -10,9 +10,7 @@ from torch import nn
 
 pytest.importorskip("minari", reason="the datasets extra: pip install -e '.[datasets]'")
 
-from rlfleet.collector.rollout import Rollout  # noqa: E402
 from rlfleet.collector.saver import EpisodeSaver, read_saved  # noqa: E402
-from rlfleet.coordinator.replay import Replay  # noqa: E402
 from rlfleet.learner.dataset_eval import score  # noqa: E402
 from rlfleet.shared.algos.bc import BehaviourCloning  # noqa: E402
 from rlfleet.shared.algos.bc.config import BCConfig
@@ -34,6 +32,8 @@ from rlfleet.shared.data.datasets import (  # noqa: E402
 )
 from rlfleet.shared.envs.make import env_spec, make_vector_env
 from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
+from rlfleet.shared.replay.replay import Replay  # noqa: E402
+from rlfleet.shared.rollout.rollout import Rollout  # noqa: E402
 from rlfleet.shared.run.config import parse_config
 
 CARTPOLE = EnvSpec((4,), n_actions=2)

@@ -1,4 +1,4 @@
-"""shared/algos/dqn/policy.py (the double-DQN update), learner/batching.py (`assemble`) and
+"""shared/algos/dqn/policy.py (the double-DQN update), shared/batching/batching.py (`assemble`) and
 learner/feedback.py (priorities back to the coordinator)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.batching import DEFAULT_FIELDS, Batch, assemble
 from rlfleet.learner.feedback import PriorityFeedback
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
+from rlfleet.shared.batching.batching import DEFAULT_FIELDS, Batch, assemble
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.schemas import SamplePart
 from rlfleet.shared.contract.spec import EnvSpec

@@ -47,7 +47,7 @@ def test_episode_ends_reset_in_the_same_step_with_the_final_stack_reported():
 
 
 def test_rollouts_on_envpool_pack_and_rebuild_exactly():
-    from rlfleet.collector.rollout import Rollout
+    from rlfleet.shared.rollout.rollout import Rollout
 
     envs = make_vector_env(_pong(), 3, seed=1)
     try:
@@ -75,7 +75,7 @@ class _Left:
 def test_an_evaluation_cut_at_its_cap_resets_only_the_cut_envs():
     """CartPole never ends in 3 steps: every episode is cut at `max_steps`, its env alone
     reset by mask, and the evaluation ends."""
-    from rlfleet.collector.rollout import evaluate
+    from rlfleet.shared.rollout.rollout import evaluate
 
     cfg = EnvConfig(id="CartPole-v1", num_envs=3, backend="envpool")
     envs = make_vector_env(cfg, 3, seed=0)

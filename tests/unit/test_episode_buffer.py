@@ -1,13 +1,13 @@
-"""coordinator/buffers/episode.py (EpisodeBuffer): sequences inside episode segments."""
+"""shared/replay/buffers/episode.py (EpisodeBuffer): sequences inside episode segments."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
-from rlfleet.coordinator.buffers.episode import EpisodeBuffer
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.replay.buffers.base import ChunkInfo, SampleError
+from rlfleet.shared.replay.buffers.episode import EpisodeBuffer
 
 
 def chunk(chunk_id: str, length: int, segments: tuple = (), version: int = 0) -> ChunkInfo:

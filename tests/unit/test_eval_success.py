@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from rlfleet.collector.acting import Acting
 from rlfleet.collector.evaluator import Evaluator
-from rlfleet.collector.rollout import evaluate
 from rlfleet.collector.service import CollectorService
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.schemas import (
@@ -30,6 +29,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.envs.make import make_vector_env
 from rlfleet.shared.infra.storage import DirectoryStorage
+from rlfleet.shared.rollout.rollout import evaluate
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 

@@ -8,11 +8,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet.collector.rollout import Rollout
-from rlfleet.learner.arena import ChunkArena
-from rlfleet.learner.batching import assemble_from
-from rlfleet.learner.sampling import batch_fields
+from rlfleet.shared.batching.arena import ChunkArena
+from rlfleet.shared.batching.batching import assemble_from
+from rlfleet.shared.batching.rows import batch_fields
 from rlfleet.shared.contract.frames import FRAMES, INDEX, field_layout, pack, packable, take, unpack
+from rlfleet.shared.rollout.rollout import Rollout
 
 
 class RandomPolicy:

@@ -30,6 +30,17 @@ LAYERS: dict[str, set[str]] = {
                       f"{SHARED}.contract", f"{SHARED}.util"},
     f"{SHARED}.worker": {f"{SHARED}.run", f"{SHARED}.infra", f"{SHARED}.contract",
                          f"{SHARED}.util"},
+    # The library the roles share, and the single-process runner with them: the replay and
+    # its buffers (the coordinator's), rollouts (the collector's), batching (the learner's),
+    # the league (the coordinator's). Each imports the layers above, never another of them.
+    f"{SHARED}.replay": {f"{SHARED}.run", f"{SHARED}.data", f"{SHARED}.envs",
+                         f"{SHARED}.infra", f"{SHARED}.contract", f"{SHARED}.util"},
+    f"{SHARED}.rollout": {f"{SHARED}.run", f"{SHARED}.algos", f"{SHARED}.envs",
+                          f"{SHARED}.infra", f"{SHARED}.contract", f"{SHARED}.util"},
+    f"{SHARED}.batching": {f"{SHARED}.algos", f"{SHARED}.envs", f"{SHARED}.contract",
+                           f"{SHARED}.util"},
+    f"{SHARED}.league": {f"{SHARED}.run", f"{SHARED}.infra", f"{SHARED}.contract",
+                         f"{SHARED}.util"},
     SHARED: set(),  # the package's own __init__: a docstring
     # The roles: anything in shared, never each other.
     "rlfleet.coordinator": {SHARED},
@@ -48,6 +59,8 @@ FORBIDDEN: dict[str, set[str]] = {
     f"{SHARED}.infra": {"torch", "gymnasium"},
     f"{SHARED}.telemetry": {"torch", "gymnasium", "flask"},
     f"{SHARED}.envs": {"torch", "flask"},
+    f"{SHARED}.replay": {"torch", "flask"},
+    f"{SHARED}.league": {"torch", "gymnasium", "flask"},
     "rlfleet.coordinator": {"torch"},
 }
 

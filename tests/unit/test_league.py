@@ -14,7 +14,8 @@ pytest.importorskip("openskill", reason="the games extra: pip install -e '.[game
 
 from openskill.models import PlackettLuce  # noqa: E402
 
-from rlfleet.coordinator.league import (  # noqa: E402
+from rlfleet.shared.contract.config import LeagueConfig  # noqa: E402
+from rlfleet.shared.league.league import (  # noqa: E402
     MAIN,
     League,
     Payoff,
@@ -24,7 +25,6 @@ from rlfleet.coordinator.league import (  # noqa: E402
     pfsp_probabilities,
     snapshot_name,
 )
-from rlfleet.shared.contract.config import LeagueConfig  # noqa: E402
 
 
 def test_the_rating_model_gives_openskills_documented_example():

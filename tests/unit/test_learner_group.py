@@ -16,8 +16,8 @@ from rlfleet.coordinator.learner_group import (
     deal_rollout,
     shard_parts,
 )
-from rlfleet.coordinator.replay import PartPlan, Replay
 from rlfleet.shared.contract.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
+from rlfleet.shared.replay.replay import PartPlan, Replay
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import buffer_config, make_config

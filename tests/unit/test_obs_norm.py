@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.collector.rollout import Rollout, evaluate
 from rlfleet.shared.algos.ppo import PPO
 from rlfleet.shared.algos.ppo.config import PPOConfig
 from rlfleet.shared.contract.config import ConfigError, EnvConfig
 from rlfleet.shared.envs.make import env_spec
+from rlfleet.shared.rollout.rollout import Rollout, evaluate
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.util.moments import RunningMoments
 

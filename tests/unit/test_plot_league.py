@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("openskill", reason="the games extra: pip install -e '.[games]'")
 
-from rlfleet.coordinator.league import MAIN, League, snapshot_name  # noqa: E402
 from rlfleet.plot import plot_run  # noqa: E402
 from rlfleet.plot_league import scores  # noqa: E402
 from rlfleet.shared.contract.config import LeagueConfig  # noqa: E402
+from rlfleet.shared.league.league import MAIN, League, snapshot_name  # noqa: E402
 
 
 def _run_dir(tmp_path, league: League | None):

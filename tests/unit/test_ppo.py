@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from rlfleet.collector.rollout import Rollout
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.ppo import PPO, gae
 from rlfleet.shared.algos.ppo.config import PPOConfig
@@ -19,6 +18,7 @@ from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.make import env_spec, make_vector_env
+from rlfleet.shared.rollout.rollout import Rollout
 
 CARTPOLE = env_spec(EnvConfig(id="CartPole-v1"))
 PENDULUM = env_spec(EnvConfig(id="Pendulum-v1"))

@@ -1,5 +1,5 @@
-"""coordinator/buffers/ring.py (PrioritizedBuffer, UniformBuffer) and
-coordinator/buffers/ratelimit.py (RateLimiter).
+"""shared/replay/buffers/ring.py (PrioritizedBuffer, UniformBuffer) and
+shared/replay/buffers/ratelimit.py (RateLimiter).
 
 Statistical tests use a fixed seed, so each outcome is deterministic; the thresholds say what
 "follows the distribution" means. Frequencies are compared with Pearson's chi-square statistic
@@ -22,9 +22,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
-from rlfleet.coordinator.buffers.ratelimit import RateLimiter
-from rlfleet.coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
+from rlfleet.shared.replay.buffers.base import ChunkInfo, SampleError
+from rlfleet.shared.replay.buffers.ratelimit import RateLimiter
+from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer, UniformBuffer
 
 CHI2_999 = {9: 27.877, 19: 43.820, 49: 85.351}  # chi2.ppf(0.999, df)
 

@@ -1,4 +1,4 @@
-"""coordinator/buffers/queue.py (QueueBuffer): whole chunks, FIFO, each handed out once."""
+"""shared/replay/buffers/queue.py (QueueBuffer): whole chunks, FIFO, each handed out once."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
-from rlfleet.coordinator.buffers.queue import QueueBuffer
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.replay.buffers.base import ChunkInfo, SampleError
+from rlfleet.shared.replay.buffers.queue import QueueBuffer
 
 
 def chunk(chunk_id: str, length: int = 10, version: int = 0) -> ChunkInfo:

@@ -12,7 +12,6 @@ import pytest
 import torch
 import yaml
 
-from rlfleet.collector.rollout import Rollout, evaluate
 from rlfleet.shared.algos.capabilities import Recurrent, capabilities_of
 from rlfleet.shared.algos.r2d2 import (
     R2D2,
@@ -25,6 +24,7 @@ from rlfleet.shared.algos.r2d2 import (
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.rollout.rollout import Rollout, evaluate
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import REPO

@@ -1,4 +1,4 @@
-"""coordinator/replay.py (Replay): several buffers behind one coordinator.
+"""shared/replay/replay.py (Replay): several buffers behind one coordinator.
 
 The first half calls `Replay` directly: how a learner's mix splits a batch, how chunks shared
 by buffers are released, that feedback is checked before anything changes, and a snapshot
@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import requests
 
-from rlfleet.coordinator.replay import Replay, UnknownBuffer
 from rlfleet.shared.contract.schemas import (
     ChunkMeta,
     Consumed,
@@ -28,6 +27,7 @@ from rlfleet.shared.contract.schemas import (
 )
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.infra.webapp import BadRequest
+from rlfleet.shared.replay.replay import Replay, UnknownBuffer
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import (

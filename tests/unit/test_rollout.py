@@ -1,4 +1,4 @@
-"""collector/rollout.py: chunks are env-major and their segments are runs of one episode."""
+"""shared/rollout/rollout.py: chunks are env-major and their segments are runs of one episode."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.collector.rollout import Rollout, episode_segments, evaluate
 from rlfleet.shared.algos.base import ActOutput
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.schemas import ChunkMeta
 from rlfleet.shared.envs.make import make_vector_env
+from rlfleet.shared.rollout.rollout import Rollout, episode_segments, evaluate
 
 USERLAND = Path(__file__).resolve().parents[1] / "userland"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.replay import PartRefs
 from rlfleet.shared.contract.codec import CodecError, encode_arrays
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE, decode_sample, encode_sample
 from rlfleet.shared.contract.schemas import SampleResponse
 from rlfleet.shared.infra.http import HttpClient
+from rlfleet.shared.replay.replay import PartRefs
 
 from .helpers import buffer_config, collector_and_learner, ok, report, write_chunk
 

@@ -1,5 +1,5 @@
-"""coordinator/buffers/sequence.py (SequenceBuffer, R2D2's replay) and the learner's plumbing
-for its batches (learner/sampling.py, learner/batching.py, learner/dataproc.py).
+"""shared/replay/buffers/sequence.py (SequenceBuffer, R2D2's replay) and the learner's plumbing
+for its batches (learner/sampling.py, shared/batching/batching.py, learner/dataproc.py).
 
 Statistical tests use fixed seeds, so each outcome is deterministic; the thresholds say what
 "follows the distribution" means (see tests/unit/test_prioritized.py for the chi-square
@@ -14,14 +14,14 @@ import io
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.buffers import SequenceBuffer, make_buffer
-from rlfleet.coordinator.buffers.base import ChunkInfo, SampleError
-from rlfleet.coordinator.buffers.sequence import sequence_starts
-from rlfleet.coordinator.replay import Replay
 from rlfleet.shared.algos.spec import SAMPLED_KINDS
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.config import BufferConfig, ConfigError
 from rlfleet.shared.contract.schemas import ChunkMeta, SamplePart, SampleRequest, SampleResponse
+from rlfleet.shared.replay.buffers import SequenceBuffer, make_buffer
+from rlfleet.shared.replay.buffers.base import ChunkInfo, SampleError
+from rlfleet.shared.replay.buffers.sequence import sequence_starts
+from rlfleet.shared.replay.replay import Replay
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import buffer_config, make_config
@@ -508,8 +508,8 @@ class _StatePolicy:
 def rollout_chunks() -> list:
     """Three env-major CartPole chunks (4 envs x 16 steps each, random actions: episodes of
     about 20 steps, so many segments are shorter than a sequence)."""
-    from rlfleet.collector.rollout import Rollout
     from rlfleet.shared.envs.make import make_vector_env
+    from rlfleet.shared.rollout.rollout import Rollout
 
     cfg = parse_config(make_config())
     envs = make_vector_env(cfg.env, 4, seed=7)
@@ -584,7 +584,7 @@ def _check(data: dict, expected: dict, refs, chunks, L: int) -> None:
 
 
 def test_batch_fields_carry_cut_and_the_recurrent_state_where_chunks_have_it():
-    from rlfleet.learner.sampling import DEFAULT_FIELDS, batch_fields
+    from rlfleet.shared.batching.rows import DEFAULT_FIELDS, batch_fields
 
     assert batch_fields({"obs": 0, "cut": 0}) == DEFAULT_FIELDS
     assert batch_fields({"obs": 0, "recurrent_h": 0, "cut": 0, "recurrent_c": 0}) == (
@@ -594,7 +594,7 @@ def test_batch_fields_carry_cut_and_the_recurrent_state_where_chunks_have_it():
 def test_part_rows_clamps_padded_sequences_in_bounds():
     from types import SimpleNamespace
 
-    from rlfleet.learner.sampling import part_rows
+    from rlfleet.shared.batching.rows import part_rows
 
     part = SimpleNamespace(chunk_index=[[0, 1]], rows=[[1, 7]], sequence_length=4)
     offsets = np.array([0, 10])
@@ -609,10 +609,10 @@ def test_part_rows_clamps_padded_sequences_in_bounds():
 
 @pytest.mark.parametrize("transforms", [None, "inactive", "active-elsewhere", "reward"])
 def test_assemble_from_gives_sequences_with_their_state(rollout_chunks, transforms):
-    from rlfleet.learner.arena import ChunkArena
-    from rlfleet.learner.batching import assemble, assemble_from
-    from rlfleet.learner.sampling import batch_fields
-    from rlfleet.learner.transforms import BatchTransforms
+    from rlfleet.shared.batching.arena import ChunkArena
+    from rlfleet.shared.batching.batching import assemble, assemble_from
+    from rlfleet.shared.batching.rows import batch_fields
+    from rlfleet.shared.batching.transforms import BatchTransforms
 
     L = 12
     chunks, refs, resp = _sampled(rollout_chunks, L=L)
@@ -645,9 +645,9 @@ def test_assemble_from_gives_sequences_with_their_state(rollout_chunks, transfor
 
 @pytest.mark.parametrize("transforms", [None, "reward"])
 def test_the_data_process_lays_out_sequences_with_their_state(rollout_chunks, transforms):
-    from rlfleet.learner.arena import ChunkArena
     from rlfleet.learner.dataproc import ShmWriter
-    from rlfleet.learner.transforms import BatchTransforms
+    from rlfleet.shared.batching.arena import ChunkArena
+    from rlfleet.shared.batching.transforms import BatchTransforms
 
     L = 12
     chunks, refs, resp = _sampled(rollout_chunks, L=L)

@@ -41,9 +41,9 @@ def test_evaluation_leaves_training_as_it_was():
 def test_a_stochastic_evaluation_is_reproducible_from_its_seed():
     import numpy as np
 
-    from rlfleet.collector.rollout import evaluate
     from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.envs.make import make_vector_env, run_spec
+    from rlfleet.shared.rollout.rollout import evaluate
 
     cfg = load_config(REPO / "configs" / "cartpole-dqn.yaml")
     policy = make_policy(cfg.algo.model_copy(update={"eval_epsilon": 0.5}), run_spec(cfg), 0)

@@ -1,4 +1,4 @@
-"""coordinator/buffers/sumtree.py: the sum and min segment trees behind prioritized replay.
+"""shared/replay/buffers/sumtree.py: the sum and min segment trees behind prioritized replay.
 
 `find` is checked against a plain reference (`np.searchsorted` over the cumulative sums,
 side="right": a mass exactly on an interval's left edge belongs to that interval). Values are
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.coordinator.buffers.sumtree import MinTree, SumTree
+from rlfleet.shared.replay.buffers.sumtree import MinTree, SumTree
 
 
 def leaves(tree: SumTree | MinTree) -> np.ndarray:

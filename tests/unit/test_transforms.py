@@ -1,4 +1,4 @@
-"""The learner's batch transforms (`learner/transforms.py`): n-step returns against hand
+"""The learner's batch transforms (`shared/batching/transforms.py`): n-step returns against hand
 computations (episode ends, time limits, chunk cuts, a chunk boundary), with frames stored
 once, masks and prioritized parts; hindsight relabelling on the bit-flipping env; per-buffer
 rewards; and the same batches from the learner's data process."""
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.batching import assemble, assemble_from
 from rlfleet.learner.dataproc import DataProcess
-from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
+from rlfleet.shared.batching.batching import assemble, assemble_from
+from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.config import EnvConfig
 from rlfleet.shared.contract.frames import pack, unpack
 from rlfleet.shared.contract.spec import EnvSpec

@@ -1,6 +1,6 @@
 """A read-only buffer over a dataset: uniform sampling of transitions nobody inserts.
 
-The coordinator loads the dataset once at start (`rlfleet.coordinator.datasets`), stores it as
+The coordinator loads the dataset once at start (`rlfleet.shared.replay.datasets`), stores it as
 chunks and indexes every transition here. Its chunks are outside the chunk registry and the
 ledger (no collector acknowledged them and nothing may evict them), and its snapshot carries
 only counters: a restarted coordinator reloads the dataset, which is the index's source.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.base import ChunkInfo
-from rlfleet.coordinator.buffers.ring import UniformBuffer
+from rlfleet.shared.replay.buffers.base import ChunkInfo
+from rlfleet.shared.replay.buffers.ring import UniformBuffer
 
 
 class DatasetBuffer(UniformBuffer):

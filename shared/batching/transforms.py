@@ -3,7 +3,7 @@ relabelling (HER) and per-buffer rewards (SQIL). Stored chunks never change; eve
 computed afresh from them, where the data is, with one numpy call per field and look-ahead
 step, never a Python loop over rows.
 
-Chunks are env-major (`collector/rollout.py`): the rows of one env follow each other in
+Chunks are env-major (`shared/rollout/rollout.py`): the rows of one env follow each other in
 time, and `cut` marks the last row of each run (an episode's end, or where the chunk stops
 the env's rows). So the rows after a sampled row, up to its run's cut, are its future.
 

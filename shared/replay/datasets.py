@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 
-from rlfleet.coordinator.buffers.base import ChunkInfo
-from rlfleet.coordinator.buffers.dataset import DatasetBuffer
 from rlfleet.shared.contract.codec import encode_arrays
 from rlfleet.shared.contract.config import BufferConfig
 from rlfleet.shared.contract.frames import chunk_compression, pack, packable
 from rlfleet.shared.data.datasets import episodes, open_dataset, transitions
 from rlfleet.shared.envs.make import run_spec
 from rlfleet.shared.infra.storage import Storage
+from rlfleet.shared.replay.buffers.base import ChunkInfo
+from rlfleet.shared.replay.buffers.dataset import DatasetBuffer
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, Monitor, SampleError, SampleRefs
-from rlfleet.coordinator.buffers.ring import _pack_ids, _unpack_ids
+from rlfleet.shared.replay.buffers.base import Buffer, ChunkInfo, Monitor, SampleError, SampleRefs
+from rlfleet.shared.replay.buffers.ring import _pack_ids, _unpack_ids
 
 _QUEUE_COUNTERS = ("consumed_chunks", "consumed_items", "requeued_chunks")
 

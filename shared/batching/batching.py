@@ -3,7 +3,7 @@
 One sample response names U chunks and B batches drawn from one or more buffers (parts).
 The chunks' columns are concatenated once (U x chunk rows), then each field of every part is
 a single fancy-index: no Python loop over items. Sequence parts index (B, n, L) rows at once.
-A run's `BatchTransforms` (`learner/transforms.py`: n-step returns, hindsight relabelling,
+A run's `BatchTransforms` (`shared/batching/transforms.py`: n-step returns, hindsight relabelling,
 per-buffer rewards) compute their fields on the way, just as vectorised.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.learner.sampling import DEFAULT_FIELDS, column_rows, part_rows
-from rlfleet.learner.transforms import BatchTransforms
+from rlfleet.shared.batching.rows import DEFAULT_FIELDS, column_rows, part_rows
+from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.frames import take, unpack
 
 

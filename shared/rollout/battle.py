@@ -8,7 +8,7 @@ the queue the coordinator fills (with the collect task, then with each chunk rep
 answer), so the league's prioritized fictitious self-play decides the mix game by game.
 Tables alternate who moves first.
 
-Chunks are cut like the single-agent rollout's (`collector/rollout.py`): by *samples*
+Chunks are cut like the single-agent rollout's (`shared/rollout/rollout.py`): by *samples*
 (`chunk_size` transitions; a game still running is cut, its last row marked `cut` and, for
 policies that bootstrap, valued) or by *episodes* (`episodes_per_chunk` whole games). Each
 chunk lists the games that ended in it, with both sides' policy versions and the outcome,
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlfleet.collector.rollout import Chunk
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import CodecError, decode_weights
@@ -37,6 +36,7 @@ from rlfleet.shared.contract.spec import EnvSpec
 from rlfleet.shared.envs.games.bots import make_bot
 from rlfleet.shared.envs.games.match import Game, Table, make_game
 from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
+from rlfleet.shared.rollout.rollout import Chunk
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.collector")

@@ -11,13 +11,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
-from rlfleet.coordinator.buffers.episode import EpisodeBuffer
-from rlfleet.coordinator.buffers.queue import QueueBuffer
-from rlfleet.coordinator.buffers.ratelimit import RateLimiter
-from rlfleet.coordinator.buffers.ring import PrioritizedBuffer, UniformBuffer
-from rlfleet.coordinator.buffers.sequence import SequenceBuffer
 from rlfleet.shared.contract.config import BufferConfig
+from rlfleet.shared.replay.buffers.base import Buffer, ChunkInfo, SampleError, SampleRefs
+from rlfleet.shared.replay.buffers.episode import EpisodeBuffer
+from rlfleet.shared.replay.buffers.queue import QueueBuffer
+from rlfleet.shared.replay.buffers.ratelimit import RateLimiter
+from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer, UniformBuffer
+from rlfleet.shared.replay.buffers.sequence import SequenceBuffer
 
 
 def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1e-6) -> Buffer:
@@ -41,7 +41,7 @@ def make_buffer(name: str, cfg: BufferConfig, seed: int, priority_eps: float = 1
         return QueueBuffer(name, cfg.capacity, seed, max_policy_lag=cfg.max_policy_lag)
     if cfg.kind == "dataset":
         raise ValueError(f"buffers.{name}: dataset buffers are loaded by "
-                         "rlfleet.coordinator.datasets")
+                         "rlfleet.shared.replay.datasets")
     raise ValueError(f"buffers.{name}.kind={cfg.kind!r} is not a buffer kind")
 
 

@@ -27,8 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, ChunkTable, SampleError, SampleRefs
-from rlfleet.coordinator.buffers.ring import _pack_ids, _unpack_ids
+from rlfleet.shared.replay.buffers.base import (
+    Buffer,
+    ChunkInfo,
+    ChunkTable,
+    SampleError,
+    SampleRefs,
+)
+from rlfleet.shared.replay.buffers.ring import _pack_ids, _unpack_ids
 
 # Per segment that holds at least one start, oldest chunk first, a chunk's segments together.
 _SEGMENT_FIELDS = {

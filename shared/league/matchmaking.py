@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.coordinator.league import MAIN, League, Player
 from rlfleet.shared.contract.config import LeagueConfig
 from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, Opponent
 from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
+from rlfleet.shared.league.league import MAIN, League, Player
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")

@@ -16,11 +16,16 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from rlfleet.coordinator.batch_log import BatchLog
-from rlfleet.coordinator.buffers import (
+from rlfleet.shared.contract.algo import PrioritySettings, RolloutSettings
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
+from rlfleet.shared.infra.storage import Storage
+from rlfleet.shared.infra.webapp import BadRequest
+from rlfleet.shared.replay.buffers import (
     Buffer,
     ChunkInfo,
     ChunkRegistry,
@@ -28,16 +33,11 @@ from rlfleet.coordinator.buffers import (
     make_buffer,
     make_limiter,
 )
-from rlfleet.coordinator.buffers.dataset import DatasetBuffer
-from rlfleet.coordinator.buffers.episode import EpisodeBuffer
-from rlfleet.coordinator.buffers.queue import QueueBuffer
-from rlfleet.coordinator.buffers.ring import PrioritizedBuffer
-from rlfleet.coordinator.buffers.sequence import SequenceBuffer
-from rlfleet.shared.contract.algo import PrioritySettings, RolloutSettings
-from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
-from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
-from rlfleet.shared.infra.storage import Storage
-from rlfleet.shared.infra.webapp import BadRequest
+from rlfleet.shared.replay.buffers.dataset import DatasetBuffer
+from rlfleet.shared.replay.buffers.episode import EpisodeBuffer
+from rlfleet.shared.replay.buffers.queue import QueueBuffer
+from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer
+from rlfleet.shared.replay.buffers.sequence import SequenceBuffer
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")
@@ -100,10 +100,22 @@ class PartRefs:
     lengths: np.ndarray | None
 
 
+class SampleCounter(Protocol):
+    """Who counts every sample handed out (the coordinator's batch log)."""
+
+    def on_sample(self, buffer: str, item_ids: np.ndarray, train_iteration: int) -> None:
+        """`item_ids` of `buffer` were handed out at `train_iteration`."""
+
+    def on_clear(self, buffer: str) -> None:
+        """`buffer` was emptied: its item ids start again at 0."""
+
+
 class Replay:
-    def __init__(self, cfg: RunConfig, storage: Storage | None = None) -> None:
+    def __init__(self, cfg: RunConfig, storage: Storage | None = None,
+                 counter: SampleCounter | None = None) -> None:
         """`storage` is where dataset buffers store their dataset's chunks (needed only for
-        a config with `kind: dataset` buffers)."""
+        a config with `kind: dataset` buffers); `counter` counts every sample handed out
+        (`logging.batch_log`; None: nothing counts them)."""
         self.cfg = cfg
         self.buffers: dict[str, Buffer] = {}
         self.limiters: dict[str, RateLimiter] = {}
@@ -115,7 +127,7 @@ class Replay:
             if bcfg.kind == "dataset":
                 # here, not at the top: it imports gymnasium, which a coordinator without
                 # dataset buffers never needs at start-up
-                from rlfleet.coordinator.datasets import load_dataset_buffer
+                from rlfleet.shared.replay.datasets import load_dataset_buffer
 
                 if storage is None:
                     raise ValueError(f"buffers.{name}: a dataset buffer needs storage")
@@ -128,8 +140,7 @@ class Replay:
         self.generation = 0  # of the last snapshot written or loaded
         self.released_by: Counter[str] = Counter()  # the ledger: chunks let go of, by reason
         self.holders: dict[str, str] = {}  # queue chunk in flight -> the learner holding it
-        # logging.batch_log's sample counts, set by the coordinator (None: not counted)
-        self.batch_log: BatchLog | None = None
+        self.batch_log = counter
 
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self.registry

@@ -38,9 +38,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, ChunkTable, SampleError, SampleRefs
-from rlfleet.coordinator.buffers.episode import _segments
-from rlfleet.coordinator.buffers.ring import _pack_ids, _unpack_ids
+from rlfleet.shared.replay.buffers.base import (
+    Buffer,
+    ChunkInfo,
+    ChunkTable,
+    SampleError,
+    SampleRefs,
+)
+from rlfleet.shared.replay.buffers.episode import _segments
+from rlfleet.shared.replay.buffers.ring import _pack_ids, _unpack_ids
 
 # Per sequence held, oldest chunk first, a chunk's sequences together in row order.
 _SEQUENCE_FIELDS = {

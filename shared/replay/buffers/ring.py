@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.coordinator.buffers.base import Buffer, ChunkInfo, ChunkTable, SampleError, SampleRefs
-from rlfleet.coordinator.buffers.sumtree import MinTree, SumTree
+from rlfleet.shared.replay.buffers.base import (
+    Buffer,
+    ChunkInfo,
+    ChunkTable,
+    SampleError,
+    SampleRefs,
+)
+from rlfleet.shared.replay.buffers.sumtree import MinTree, SumTree
 
 
 def _pack_ids(ids: list[str]) -> np.ndarray:
