@@ -66,7 +66,9 @@ from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
 from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
-from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
+from rlfleet.shared.contract.wire.experience import ChunkMeta  # noqa: E402
+from rlfleet.shared.contract.wire.sampling import SampleRequest  # noqa: E402
 from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, parse_config

@@ -24,12 +24,9 @@ from rlfleet.collector.evaluator import Evaluator
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.rollout import Chunk, Rollout
 from rlfleet.collector.saver import EpisodeSaver
-from rlfleet.shared.contract.schemas import (
-    API,
-    CollectPermitRequest,
-    CollectPermitResponse,
-    CollectTask,
-)
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.experience import CollectPermitRequest, CollectPermitResponse
+from rlfleet.shared.contract.wire.tasks import CollectTask
 from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 from rlfleet.coordinator.replay import Replay
 from rlfleet.coordinator.state import CoordinatorState
-from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
 from rlfleet.shared.run.config import RunConfig
 

@@ -23,7 +23,9 @@ from typing import Any
 
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
 from rlfleet.shared.contract.commander import FIELD, Commander, TaskEnvSettings
-from rlfleet.shared.contract.schemas import CollectTask, EvaluationResult, TaskKind
+from rlfleet.shared.contract.wire.base import TaskKind
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
+from rlfleet.shared.contract.wire.tasks import CollectTask
 
 log = logging.getLogger("rlfleet.coordinator")
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from rlfleet.coordinator.buffers.queue import QueueBuffer
 from rlfleet.coordinator.replay import PartPlan, PartRefs, Replay
-from rlfleet.shared.contract.schemas import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
 from rlfleet.shared.run.config import RunConfig
 
 log = logging.getLogger("rlfleet.coordinator")

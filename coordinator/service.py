@@ -43,36 +43,32 @@ from rlfleet.coordinator.runlog import RunLog
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from rlfleet.shared.contract.commander import load_commander
-from rlfleet.shared.contract.schemas import (
-    BufferCleared,
-    BufferLoaded,
-    BufferLoadRequest,
+from rlfleet.shared.contract.wire.base import Role, TaskKind, TaskState
+from rlfleet.shared.contract.wire.control import RunState
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport, EvaluationResult
+from rlfleet.shared.contract.wire.experience import (
     ChunkMeta,
     ChunkReport,
     ChunkReportResponse,
     CollectPermitRequest,
     CollectPermitResponse,
-    CollectTask,
-    Consumed,
-    EvaluateTask,
-    EvaluationReport,
-    EvaluationResult,
-    GroupAssignment,
-    GroupSyncRequest,
+)
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.membership import (
     HeartbeatRequest,
     HeartbeatResponse,
-    LearnInfo,
-    LearnInfoResponse,
-    LearnTask,
     RegisterRequest,
     RegisterResponse,
-    Role,
-    RunState,
-    SampleRequest,
-    Status,
-    TaskKind,
-    TaskState,
 )
+from rlfleet.shared.contract.wire.sampling import (
+    Consumed,
+    LearnInfo,
+    LearnInfoResponse,
+    SampleRequest,
+)
+from rlfleet.shared.contract.wire.status import Status
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, LearnTask
+from rlfleet.shared.contract.wire.views import BufferCleared, BufferLoaded, BufferLoadRequest
 from rlfleet.shared.infra.auth import load_token
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact

@@ -25,7 +25,8 @@ from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.matchmaking import Matchmaker
 from rlfleet.coordinator.replay import Replay
 from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.schemas import ChunkMeta, TaskKind
+from rlfleet.shared.contract.wire.base import TaskKind
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 
 log = logging.getLogger("rlfleet.coordinator")
 

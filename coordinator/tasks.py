@@ -27,14 +27,8 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter
 
 from rlfleet.shared.contract.config import CollectorConfig, apex_epsilon
-from rlfleet.shared.contract.schemas import (
-    CollectTask,
-    EvaluateTask,
-    LearnTask,
-    Task,
-    TaskKind,
-    TaskState,
-)
+from rlfleet.shared.contract.wire.base import TaskKind, TaskState
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, LearnTask, Task
 
 AnyTask = CollectTask | LearnTask | EvaluateTask
 

@@ -45,7 +45,7 @@ from rlfleet.learner.shm import SHM_DIR, new_region
 from rlfleet.learner.transforms import BatchTransforms
 from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
 from rlfleet.shared.contract.frames import FRAMES, OBS_STACK, field_layout, stack_index, take
-from rlfleet.shared.contract.schemas import MixShare, SampleResponse
+from rlfleet.shared.contract.wire.sampling import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -19,7 +19,7 @@ import torch
 
 from rlfleet.learner.batching import Batch, assemble_from
 from rlfleet.learner.sampling import SampleLoop, batch_fields
-from rlfleet.shared.contract.schemas import SampleResponse
+from rlfleet.shared.contract.wire.sampling import SampleResponse
 
 
 class Prefetcher(SampleLoop):

@@ -56,7 +56,8 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import EnvKwargs, EvaluationResult, LevelSeeds
+from rlfleet.shared.contract.wire.base import EnvKwargs, LevelSeeds
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 from rlfleet.shared.util.imports import ImportPathError, load_object
 
 FIELD = "coordinator.commander"

@@ -23,17 +23,14 @@ from rlfleet.collector.evaluator import EvaluationCrashed, Evaluator
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.service import CollectorService
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport
+from rlfleet.shared.contract.wire.experience import (
     ChunkReport,
     ChunkReportResponse,
     CollectPermitResponse,
-    CollectTask,
-    EvaluateTask,
-    EvaluationReport,
-    Opponent,
-    TaskEnvelope,
 )
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, Opponent, TaskEnvelope
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import DirectoryStorage, StorageError, evaluated_blob
 from rlfleet.shared.run.config import load_config

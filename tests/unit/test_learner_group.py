@@ -17,7 +17,9 @@ from rlfleet.coordinator.learner_group import (
     shard_parts,
 )
 from rlfleet.coordinator.replay import PartPlan, Replay
-from rlfleet.shared.contract.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.group import GroupSyncRequest
+from rlfleet.shared.contract.wire.sampling import SampleRequest
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import buffer_config, make_config

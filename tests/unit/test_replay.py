@@ -19,13 +19,8 @@ import pytest
 import requests
 
 from rlfleet.coordinator.replay import Replay, UnknownBuffer
-from rlfleet.shared.contract.schemas import (
-    ChunkMeta,
-    Consumed,
-    MixShare,
-    PriorityUpdate,
-    SampleRequest,
-)
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import Consumed, MixShare, PriorityUpdate, SampleRequest
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.infra.webapp import BadRequest
 from rlfleet.shared.run.config import parse_config

@@ -11,7 +11,7 @@ import pytest
 from rlfleet.collector.rollout import Rollout, episode_segments, evaluate
 from rlfleet.shared.algos.base import ActOutput
 from rlfleet.shared.contract.config import EnvConfig
-from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.envs.make import make_vector_env
 
 USERLAND = Path(__file__).resolve().parents[1] / "userland"

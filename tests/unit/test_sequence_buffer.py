@@ -21,7 +21,8 @@ from rlfleet.coordinator.replay import Replay
 from rlfleet.shared.algos.spec import SAMPLED_KINDS
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.config import BufferConfig, ConfigError
-from rlfleet.shared.contract.schemas import ChunkMeta, SamplePart, SampleRequest, SampleResponse
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import SamplePart, SampleRequest, SampleResponse
 from rlfleet.shared.run.config import parse_config
 
 from .helpers import buffer_config, make_config
