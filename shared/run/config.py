@@ -73,7 +73,7 @@ class RunConfig(Frozen):
     env: EnvConfig = EnvConfig()
     algo: AlgoConfigs = Field(default_factory=lambda: algo_spec("dqn").config(),
                               description="the algorithm: `name` picks one of the registry's "
-                              "(dqn, cql, bc, ppo), and its settings with it")
+                              f"({', '.join(ALGO_NAMES)}), and its settings with it")
     collector: CollectorConfig = CollectorConfig()
     buffers: dict[str, BufferConfig] = Field(
         default_factory=lambda: {"replay": BufferConfig()},
