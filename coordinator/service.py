@@ -353,10 +353,7 @@ class Coordinator:
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
-            c = self.cfg.collector
             task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed,
-                               mode=c.mode, chunk_size=c.chunk_size,
-                               episodes_per_chunk=c.episodes_per_chunk,
                                opponents=(self.matchmaker.opponents(2 * self.cfg.env.num_envs)
                                           if self.matchmaker else []))
             task = self.env_settings.collect_task(task, worker.worker_id)

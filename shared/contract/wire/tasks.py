@@ -60,15 +60,12 @@ class GameRecord(Request):
 
 
 class CollectTask(Request):
+    """What one collector collects with. How it cuts chunks (`collector.mode`, `chunk_size`,
+    `episodes_per_chunk`) is the run config's, which it received when it registered."""
+
     kind: Literal[TaskKind.COLLECT] = TaskKind.COLLECT
     task_id: Id
     seed: int
-    mode: Literal["samples", "episodes"] = Field("samples", description="cut chunks by "
-                                                 "transitions or by whole episodes")
-    chunk_size: int = Field(256, ge=1, le=1_000_000, description="samples mode: transitions "
-                            "per chunk")
-    episodes_per_chunk: int = Field(4, ge=1, le=10_000, description="episodes mode: whole "
-                                    "episodes per chunk")
     opponents: list[Opponent] = Field(default_factory=list, max_length=1024, description=(
         "self-play: whom the next games meet, in order (then each chunk report's answer "
         "brings more)"))
