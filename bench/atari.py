@@ -66,7 +66,7 @@ from bench.throughput import (  # noqa: E402
 from rlfleet.local.launcher import LocalCluster  # noqa: E402
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays  # noqa: E402
 from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
-from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient  # noqa: E402
 from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, parse_config

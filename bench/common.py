@@ -329,7 +329,9 @@ def prefill(coordinator_url: str, storage: str, namespace: str,
     arrays, one row per transition) to storage, report its metadata, and leave. Returns the
     transitions reported (the coordinator's `buffer.size` says what its buffers hold)."""
     from rlfleet.shared.contract.codec import encode_arrays
-    from rlfleet.shared.contract.schemas import API, ChunkMeta, ChunkReport, RegisterRequest, Role
+    from rlfleet.shared.contract.wire.base import API, Role
+    from rlfleet.shared.contract.wire.experience import ChunkMeta, ChunkReport
+    from rlfleet.shared.contract.wire.membership import RegisterRequest
     from rlfleet.shared.infra.http import HttpClient
     from rlfleet.shared.infra.storage import open_storage
 

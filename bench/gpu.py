@@ -71,8 +71,8 @@ from rlfleet.local.launcher import LocalCluster  # noqa: E402
 from rlfleet.shared.algos.device import resolve_device  # noqa: E402
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
 from rlfleet.shared.algos.ppo import PPO  # noqa: E402
-from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.contract.spec import EnvSpec  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient  # noqa: E402
 from rlfleet.shared.run.config import load_config, parse_config  # noqa: E402
 

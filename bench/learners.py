@@ -104,8 +104,8 @@ from rlfleet.cli import free_port  # noqa: E402
 from rlfleet.learner.group import DistReducer  # noqa: E402
 from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
-from rlfleet.shared.contract.schemas import API  # noqa: E402
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
 from rlfleet.shared.envs.make import env_spec
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, load_config, parse_config

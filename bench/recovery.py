@@ -84,7 +84,7 @@ from bench.common import (  # noqa: E402
 from rlfleet.cli import free_port  # noqa: E402
 from rlfleet.local.forking import role_in  # noqa: E402
 from rlfleet.local.launcher import _die_with_parent  # noqa: E402
-from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 
 ROLES = ("collector", "learner", "coordinator", "redis")

@@ -57,7 +57,7 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from rlfleet.local.launcher import Child, ChildFailed, LocalCluster  # noqa: E402
-from rlfleet.shared.contract.schemas import API  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 from rlfleet.shared.run.config import RunConfig, parse_config
 

@@ -64,7 +64,9 @@ from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.batching.arena import ChunkArena  # noqa: E402
 from rlfleet.shared.batching.batching import assemble_from  # noqa: E402
-from rlfleet.shared.contract.schemas import API, ChunkMeta, SampleRequest  # noqa: E402
+from rlfleet.shared.contract.wire.base import API  # noqa: E402
+from rlfleet.shared.contract.wire.experience import ChunkMeta  # noqa: E402
+from rlfleet.shared.contract.wire.sampling import SampleRequest  # noqa: E402
 from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
 from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
 from rlfleet.shared.replay.replay import Replay  # noqa: E402

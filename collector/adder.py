@@ -41,13 +41,9 @@ import numpy as np
 
 from rlfleet.shared.contract.codec import encode_arrays
 from rlfleet.shared.contract.frames import chunk_compression, pack, packable
-from rlfleet.shared.contract.schemas import (
-    API,
-    ChunkMeta,
-    ChunkReport,
-    ChunkReportResponse,
-    GameRecord,
-)
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.experience import ChunkMeta, ChunkReport, ChunkReportResponse
+from rlfleet.shared.contract.wire.tasks import GameRecord
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import Storage, StorageError
 from rlfleet.shared.util.backoff import Backoff

@@ -23,12 +23,9 @@ from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.evaluator import Evaluator
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.saver import EpisodeSaver
-from rlfleet.shared.contract.schemas import (
-    API,
-    CollectPermitRequest,
-    CollectPermitResponse,
-    CollectTask,
-)
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.experience import CollectPermitRequest, CollectPermitResponse
+from rlfleet.shared.contract.wire.tasks import CollectTask
 from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage
@@ -189,15 +186,15 @@ class CollectLoop:
             self.rollout.env_steps = env_steps
 
     def _make_rollout(self) -> Rollout | BattleRollout:
-        task, policy = self.task, self.acting.policy
+        """A rollout that cuts chunks as the run config says (`collector.mode`, ...)."""
+        c, policy = self.cfg.collector, self.acting.policy
         if self.pool is not None:
             from rlfleet.shared.rollout.battle import BattleRollout
 
             return BattleRollout(self.cfg, policy, self.pool, self.inbox.next_opponent,
-                                 task.chunk_size, task.mode, task.episodes_per_chunk,
-                                 task.seed)
+                                 c.chunk_size, c.mode, c.episodes_per_chunk, self.task.seed)
         assert self.envs is not None
-        return Rollout(self.envs, policy, task.chunk_size, task.mode, task.episodes_per_chunk)
+        return Rollout(self.envs, policy, c.chunk_size, c.mode, c.episodes_per_chunk)
 
     def _run_evaluations(self) -> None:
         """Every evaluation waiting, once the run's policy acts (before, they wait)."""

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 from rlfleet.collector.counters import CollectorCounters
 from rlfleet.shared.contract.codec import encode_weights
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.evaluation import (
     BattleOutcome,
     EvalEpisodes,
-    EvaluateTask,
     EvaluationReport,
     VideoReport,
 )
+from rlfleet.shared.contract.wire.tasks import EvaluateTask
 from rlfleet.shared.envs.make import make_vector_env, with_env_kwargs
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import (

@@ -14,12 +14,8 @@ import queue
 import threading
 from collections import deque
 
-from rlfleet.shared.contract.schemas import (
-    ChunkReportResponse,
-    CollectTask,
-    EvaluateTask,
-    Opponent,
-)
+from rlfleet.shared.contract.wire.experience import ChunkReportResponse
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, Opponent
 
 # Opponents kept for the next games; the coordinator sends more with every report's answer.
 MAX_QUEUED_OPPONENTS = 4096

@@ -22,13 +22,8 @@ from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.evaluator import EvaluationCrashed
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.torch_loader import TorchLoader
-from rlfleet.shared.contract.schemas import (
-    CollectTask,
-    EvaluateTask,
-    Role,
-    TaskAccepted,
-    TaskEnvelope,
-)
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, TaskAccepted, TaskEnvelope
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService

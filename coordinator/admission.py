@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from rlfleet.shared.contract.config import cuda_devices_needed
-from rlfleet.shared.contract.schemas import RegisterRequest
+from rlfleet.shared.contract.wire.membership import RegisterRequest
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolve = Callable[[str], list[str]]

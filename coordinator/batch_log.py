@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rlfleet.shared.contract.config import BatchLogConfig
-from rlfleet.shared.contract.schemas import LearnInfo
+from rlfleet.shared.contract.wire.sampling import LearnInfo
 from rlfleet.shared.telemetry.rotating import MB, SharedTable
 from rlfleet.shared.telemetry.rundata import BATCH_LOG_NAME, SAMPLES_NAME
 

@@ -17,7 +17,8 @@ import threading
 
 from rlfleet.coordinator.membership import Membership, UnknownWorker
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
-from rlfleet.shared.contract.schemas import TaskAccepted, TaskEnvelope, TaskState
+from rlfleet.shared.contract.wire.base import TaskState
+from rlfleet.shared.contract.wire.tasks import TaskAccepted, TaskEnvelope
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.run.config import RunConfig
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rlfleet.coordinator.state import CoordinatorState
-from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
 from rlfleet.shared.replay.replay import Replay
 from rlfleet.shared.run.config import RunConfig

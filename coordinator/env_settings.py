@@ -29,7 +29,9 @@ from rlfleet.shared.contract.commander import (
     ScoresEvaluations,
     TaskEnvSettings,
 )
-from rlfleet.shared.contract.schemas import CollectTask, EvaluationResult, TaskKind
+from rlfleet.shared.contract.wire.base import TaskKind
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
+from rlfleet.shared.contract.wire.tasks import CollectTask
 
 log = logging.getLogger("rlfleet.coordinator")
 

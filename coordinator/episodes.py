@@ -23,7 +23,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.telemetry.rotating import SharedTable
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME
 

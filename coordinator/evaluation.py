@@ -27,19 +27,16 @@ import numpy as np
 
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
-from rlfleet.shared.contract.schemas import (
+from rlfleet.shared.contract.wire.base import Role, TaskKind, TaskState
+from rlfleet.shared.contract.wire.evaluation import (
     BattleOutcome,
     EvalEpisodes,
     EvalSummary,
-    EvaluateTask,
-    EvaluationList,
     EvaluationReport,
     EvaluationResult,
-    Opponent,
-    Role,
-    TaskKind,
-    TaskState,
 )
+from rlfleet.shared.contract.wire.tasks import EvaluateTask, Opponent
+from rlfleet.shared.contract.wire.views import EvaluationList
 from rlfleet.shared.infra.storage import Storage, evaluated_blob, video_blob, video_gif_blob
 from rlfleet.shared.run.config import RunConfig
 

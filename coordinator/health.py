@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from rlfleet.coordinator.membership import Membership
-from rlfleet.shared.contract.schemas import Alert, Role, WorkerState
+from rlfleet.shared.contract.wire.base import Role, WorkerState
+from rlfleet.shared.contract.wire.status import Alert
 
 DATA_WAIT_KEY = "data_wait_s"  # a learner's heartbeat status: seconds waiting for data now
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlfleet.shared.contract.schemas import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
 from rlfleet.shared.replay.buffers.queue import QueueBuffer
 from rlfleet.shared.replay.replay import PartPlan, PartRefs, Replay
 from rlfleet.shared.run.config import RunConfig

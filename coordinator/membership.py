@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlfleet.shared.contract.schemas import Role, WorkerResources, WorkerState
+from rlfleet.shared.contract.wire.base import Role, WorkerState
+from rlfleet.shared.contract.wire.membership import WorkerResources
 
 MAX_GONE_WORKERS = 256  # dead or departed workers remembered (for `GET /workers`)
 

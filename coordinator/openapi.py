@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from rlfleet.shared.contract.schemas import ErrorBody
+from rlfleet.shared.contract.wire.base import ErrorBody
 
 if TYPE_CHECKING:
     from flask import Flask

@@ -27,7 +27,8 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rlfleet.coordinator.readout import Readout
-from rlfleet.shared.contract.schemas import Role, WorkerResources
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.membership import WorkerResources
 
 EXTENSION = "rlfleet.prometheus"  # app.extensions key of the app's registry
 UNMATCHED = "<unmatched>"  # the endpoint label of a path no route matches (404, 405)

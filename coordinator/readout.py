@@ -4,7 +4,7 @@ and train iterations.
 
 Read-only over the parts it is given, so the request handlers in `service.py` stay about
 changing state; a figure added for people to see goes here. The `/status` document is
-`schemas.Status`, its one definition. The parts' own records in it (a worker's, a task's,
+`wire.status.Status`, its one definition. The parts' own records in it (a worker's, a task's,
 the ledger, the learner group's, the league's) are checked against its sub-models with
 unknown fields forbidden: a figure a part adds must be added to the schema too, where
 clients and the OpenAPI document see it, or `/status` fails (and every test that reads it).
@@ -26,24 +26,21 @@ from rlfleet.coordinator.learner_group import LearnerGroup
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.schemas import (
-    BufferStats,
+from rlfleet.shared.contract.wire.base import Role, TaskKind
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
+from rlfleet.shared.contract.wire.membership import WorkerResources
+from rlfleet.shared.contract.wire.status import (
     CollectStats,
-    EvaluationResult,
     LeagueSummary,
     LearnerGroupStatus,
     Ledger,
     ReplaySize,
-    Role,
     RunCounters,
     RunInfo,
     RunRates,
     Status,
-    TaskInfo,
-    TaskKind,
-    WorkerInfo,
-    WorkerResources,
 )
+from rlfleet.shared.contract.wire.views import BufferStats, TaskInfo, WorkerInfo
 from rlfleet.shared.infra.resources import slurm_placement
 from rlfleet.shared.league.matchmaking import Matchmaker
 from rlfleet.shared.replay.replay import Replay, UnknownBuffer

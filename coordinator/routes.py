@@ -15,8 +15,33 @@ from rlfleet.coordinator.service import Coordinator, RateLimited, StaleGeneratio
 from rlfleet.coordinator.tasks import UnknownTask
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE as SAMPLE_MEDIA_TYPE
 from rlfleet.shared.contract.sample_wire import encode_sample
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.control import RunState, ScaleRequest
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport, EvaluationResult
+from rlfleet.shared.contract.wire.experience import (
+    ChunkReport,
+    ChunkReportResponse,
+    CollectPermitRequest,
+    CollectPermitResponse,
+)
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.membership import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+)
+from rlfleet.shared.contract.wire.records import RecordsPage, RecordsQuery
+from rlfleet.shared.contract.wire.sampling import (
+    LearnInfo,
+    LearnInfoResponse,
+    SamplePart,
+    SampleRequest,
+    SampleResponse,
+)
+from rlfleet.shared.contract.wire.status import LeagueView, Status
+from rlfleet.shared.contract.wire.tasks import TaskResult
+from rlfleet.shared.contract.wire.views import (
     BufferChunks,
     BufferCleared,
     BufferClearRequest,
@@ -24,35 +49,11 @@ from rlfleet.shared.contract.schemas import (
     BufferList,
     BufferLoaded,
     BufferLoadRequest,
-    ChunkReport,
-    ChunkReportResponse,
-    CollectPermitRequest,
-    CollectPermitResponse,
     EvaluationList,
-    EvaluationReport,
-    EvaluationResult,
     EvaluationsQuery,
-    GroupAssignment,
-    GroupSyncRequest,
     Health,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    LeagueView,
-    LearnInfo,
-    LearnInfoResponse,
-    RecordsPage,
-    RecordsQuery,
-    RegisterRequest,
-    RegisterResponse,
-    RunState,
-    SamplePart,
-    SampleRequest,
-    SampleResponse,
-    ScaleRequest,
-    Status,
     TaskInfo,
     TaskList,
-    TaskResult,
     WorkerInfo,
     WorkerList,
 )

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from rlfleet.coordinator.records import RecordFeed
-from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, LearnInfo
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import LearnInfo
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.rundata import JSONL_NAME
 

@@ -41,36 +41,32 @@ from rlfleet.coordinator.runlog import RunLog
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from rlfleet.shared.contract.commander import load_commander
-from rlfleet.shared.contract.schemas import (
-    BufferCleared,
-    BufferLoaded,
-    BufferLoadRequest,
+from rlfleet.shared.contract.wire.base import Role, TaskKind, TaskState
+from rlfleet.shared.contract.wire.control import RunState
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport, EvaluationResult
+from rlfleet.shared.contract.wire.experience import (
     ChunkMeta,
     ChunkReport,
     ChunkReportResponse,
     CollectPermitRequest,
     CollectPermitResponse,
-    CollectTask,
-    Consumed,
-    EvaluateTask,
-    EvaluationReport,
-    EvaluationResult,
-    GroupAssignment,
-    GroupSyncRequest,
+)
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.membership import (
     HeartbeatRequest,
     HeartbeatResponse,
-    LearnInfo,
-    LearnInfoResponse,
-    LearnTask,
     RegisterRequest,
     RegisterResponse,
-    Role,
-    RunState,
-    SampleRequest,
-    Status,
-    TaskKind,
-    TaskState,
 )
+from rlfleet.shared.contract.wire.sampling import (
+    Consumed,
+    LearnInfo,
+    LearnInfoResponse,
+    SampleRequest,
+)
+from rlfleet.shared.contract.wire.status import Status
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, LearnTask
+from rlfleet.shared.contract.wire.views import BufferCleared, BufferLoaded, BufferLoadRequest
 from rlfleet.shared.infra.auth import load_token
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact
@@ -357,10 +353,7 @@ class Coordinator:
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
         if worker.role is Role.COLLECTOR:
-            c = self.cfg.collector
             task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed,
-                               mode=c.mode, chunk_size=c.chunk_size,
-                               episodes_per_chunk=c.episodes_per_chunk,
                                opponents=(self.matchmaker.opponents(2 * self.cfg.env.num_envs)
                                           if self.matchmaker else []))
             task = self.env_settings.collect_task(task, worker.worker_id)

@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.schemas import ChunkMeta, TaskKind
+from rlfleet.shared.contract.wire.base import TaskKind
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.league.matchmaking import Matchmaker
 from rlfleet.shared.replay.replay import Replay
 

@@ -27,14 +27,8 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter
 
 from rlfleet.shared.contract.config import CollectorConfig, apex_epsilon
-from rlfleet.shared.contract.schemas import (
-    CollectTask,
-    EvaluateTask,
-    LearnTask,
-    Task,
-    TaskKind,
-    TaskState,
-)
+from rlfleet.shared.contract.wire.base import TaskKind, TaskState
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, LearnTask, Task
 
 AnyTask = CollectTask | LearnTask | EvaluateTask
 
@@ -44,6 +38,19 @@ def _task_adapter() -> TypeAdapter:
     """Built on first use (a restore), not at import: the coordinator's start-up is on the
     path to a run's first chunk."""
     return TypeAdapter(Task)
+
+
+# Collect tasks once carried copies of `collector.mode`, `collector.chunk_size` and
+# `collector.episodes_per_chunk`; a snapshot written then still holds them, and the run config
+# restored beside it says the same.
+_DROPPED_COLLECT_FIELDS = ("mode", "chunk_size", "episodes_per_chunk")
+
+
+def _saved_task(saved: dict) -> AnyTask:
+    """A task from a snapshot, of this version or an older one."""
+    if saved.get("kind") == TaskKind.COLLECT:
+        saved = {k: v for k, v in saved.items() if k not in _DROPPED_COLLECT_FIELDS}
+    return _task_adapter().validate_python(saved)
 
 _LIVE = (TaskState.PENDING, TaskState.RUNNING, TaskState.UNASSIGNED)
 # Ended tasks kept for `GET /tasks` and late reports; older ones are forgotten, so that a run
@@ -219,7 +226,7 @@ class TaskTable:
         with self._lock:
             self._ids = itertools.count(int(saved.get("next_id", 1)))
             for item in saved.get("tasks", []):
-                rec = TaskRecord(_task_adapter().validate_python(item["task"]), item["worker_id"],
+                rec = TaskRecord(_saved_task(item["task"]), item["worker_id"],
                                  created_at=time.monotonic(), state=TaskState.UNASSIGNED,
                                  error="coordinator restarted",
                                  reassignments=int(item.get("reassignments", 0)))

@@ -362,7 +362,7 @@ def _schema_type(s: dict[str, Any]) -> str:
 
 
 def http_reference(doc: dict[str, Any]) -> str:
-    from rlfleet.shared.contract.schemas import API
+    from rlfleet.shared.contract.wire.base import API
 
     out = ["# HTTP reference\n",
            f"The coordinator's API, generated from its OpenAPI document "
@@ -408,7 +408,7 @@ def http_reference(doc: dict[str, Any]) -> str:
         out.append(table(["status", "body", "when"], rows))
     out.append("## Schemas\n")
     out.append("The JSON bodies, as the pydantic models in "
-               "`shared/contract/schemas.py` define them.\n")
+               "`shared/contract/wire/` define them.\n")
     for name, schema in sorted(doc.get("components", {}).get("schemas", {}).items()):
         out.append(f"### {name} {{ #schema-{slug(name)} }}\n")
         if schema.get("description"):

@@ -21,7 +21,7 @@ import torch
 
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
-from rlfleet.shared.contract.schemas import (
+from rlfleet.shared.contract.wire.sampling import (
     MAX_LOGGED_ENTRIES,
     MAX_LOGGED_SAMPLES,
     MAX_SAMPLE_VALUES,

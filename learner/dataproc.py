@@ -46,7 +46,7 @@ from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRe
 from rlfleet.shared.batching.rows import batch_fields, column_rows, part_rows
 from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.frames import FRAMES, OBS_STACK, field_layout, stack_index, take
-from rlfleet.shared.contract.schemas import MixShare, SampleResponse
+from rlfleet.shared.contract.wire.sampling import MixShare, SampleResponse
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from rlfleet.shared.batching.batching import Batch
-from rlfleet.shared.contract.schemas import PriorityUpdate
+from rlfleet.shared.contract.wire.sampling import PriorityUpdate
 
 
 class PriorityFeedback:

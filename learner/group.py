@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from rlfleet.learner.collectives import GroupError, Waiter, never_ends, retire
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
-from rlfleet.shared.contract.schemas import GroupAssignment
+from rlfleet.shared.contract.wire.group import GroupAssignment
 
 log = logging.getLogger("rlfleet.learner")
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from rlfleet.shared.algos.capabilities import QValues
 from rlfleet.shared.contract.config import HistogramConfig
-from rlfleet.shared.contract.schemas import HistogramData
+from rlfleet.shared.contract.wire.sampling import HistogramData
 
 MAX_HISTOGRAMS = 64  # per report: the contract's bound (LearnInfo.histograms)
 

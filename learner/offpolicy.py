@@ -23,7 +23,7 @@ from rlfleet.learner.training import Training
 from rlfleet.shared.algos.capabilities import NormalizesObservations
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.batching.transforms import BatchTransforms
-from rlfleet.shared.contract.schemas import MixShare
+from rlfleet.shared.contract.wire.sampling import MixShare
 from rlfleet.shared.envs.make import run_spec
 
 GET_TIMEOUT_S = 0.5  # how long one wait for batches lasts before the loop looks around

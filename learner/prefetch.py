@@ -20,7 +20,7 @@ import torch
 from rlfleet.learner.sampling import SampleLoop
 from rlfleet.shared.batching.batching import Batch, assemble_from
 from rlfleet.shared.batching.rows import batch_fields
-from rlfleet.shared.contract.schemas import SampleResponse
+from rlfleet.shared.contract.wire.sampling import SampleResponse
 
 
 class Prefetcher(SampleLoop):

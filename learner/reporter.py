@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from rlfleet.shared.contract.schemas import API, LearnInfo, LearnInfoResponse
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.sampling import LearnInfo, LearnInfoResponse
 from rlfleet.shared.infra.http import HttpClient, HttpError
 
 log = logging.getLogger("rlfleet.learner")

@@ -23,7 +23,8 @@ import torch
 
 from rlfleet.shared.contract.codec import decode_arrays
 from rlfleet.shared.contract.frames import FRAMES, INDEX, is_packed, unpack
-from rlfleet.shared.contract.schemas import API, Consumed, MixShare, SampleRequest, SampleResponse
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.sampling import Consumed, MixShare, SampleRequest, SampleResponse
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import ChunkNotFound, Storage, StorageError
 

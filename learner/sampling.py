@@ -30,8 +30,8 @@ from rlfleet.shared.batching.arena import ChunkArena
 from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.codec import CodecError, decode_arrays
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE, decode_sample
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.sampling import (
     MAX_SAMPLE_ITEMS,
     MixShare,
     SampleRequest,

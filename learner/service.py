@@ -33,13 +33,9 @@ from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.algos.reward_model import with_reward_model
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import (
-    HeartbeatResponse,
-    LearnTask,
-    Role,
-    TaskAccepted,
-    TaskEnvelope,
-)
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.membership import HeartbeatResponse
+from rlfleet.shared.contract.wire.tasks import LearnTask, TaskAccepted, TaskEnvelope
 from rlfleet.shared.envs.make import run_spec
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.run.config import RunConfig

@@ -28,12 +28,9 @@ from rlfleet.learner.publisher import PublishConflict, Publisher
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import DataParallel
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import (
-    API,
-    GroupAssignment,
-    GroupSyncRequest,
-    HeartbeatResponse,
-)
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.group import GroupAssignment, GroupSyncRequest
+from rlfleet.shared.contract.wire.membership import HeartbeatResponse
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage, StorageError
 from rlfleet.shared.worker import WorkerAgent

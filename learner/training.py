@@ -42,10 +42,10 @@ from rlfleet.learner.timers import LearnerTimers
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import Optimized
 from rlfleet.shared.algos.device import Precision
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.group import GroupAssignment
+from rlfleet.shared.contract.wire.sampling import (
     Consumed,
-    GroupAssignment,
     HistogramData,
     LearnInfo,
     LearnInfoResponse,

@@ -27,7 +27,8 @@ def battle_run(run_dir: Path, games: int, seed: int, policy_path: Path | None = 
     from rlfleet.coordinator.evaluation import battle_rates
     from rlfleet.shared.algos.registry import make_policy
     from rlfleet.shared.contract.codec import decode_weights
-    from rlfleet.shared.contract.schemas import BattleOutcome, Opponent
+    from rlfleet.shared.contract.wire.evaluation import BattleOutcome
+    from rlfleet.shared.contract.wire.tasks import Opponent
     from rlfleet.shared.envs.make import run_spec
     from rlfleet.shared.infra.storage import open_storage, snapshot_blob
     from rlfleet.shared.rollout.battle import OpponentPool, battle_evaluate

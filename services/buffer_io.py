@@ -34,7 +34,7 @@ import numpy as np
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.frames import unpack
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import Storage, open_storage
 from rlfleet.shared.run.config import RunConfig, read_run_config

@@ -186,7 +186,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """Ask the run for N collectors and/or N learners: `rlfleet up` starts or drains its own,
     and so does compose's `scaler` (collectors); under Kubernetes use its scale command (the
     coordinator records the wish either way, and sizes the learner group to it)."""
-    from rlfleet.shared.contract.schemas import API, RunState, ScaleRequest
+    from rlfleet.shared.contract.wire.base import API
+    from rlfleet.shared.contract.wire.control import RunState, ScaleRequest
     from rlfleet.shared.infra.http import HttpClient, HttpError
 
     if args.collectors is None and args.learners is None:

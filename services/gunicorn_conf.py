@@ -50,7 +50,7 @@ threads = _env_int("RLFLEET_THREADS", 16)
 # `workers` is gunicorn's default: 1, or WEB_CONCURRENCY, which `on_starting` refuses if not 1.
 
 # The longest request the coordinator answers is a long poll (a learner's `POST /sample`, a
-# collector's `POST /permits/collect`) of at most 30 s (`wait_s`, schemas.py); its own clients
+# collector's `POST /permits/collect`) of at most 30 s (`wait_s`, contract/wire); its own clients
 # wait 1 s. `timeout` is how long the worker's main loop may go silent before gunicorn kills it;
 # gthread's loop speaks every second whatever its threads do, so this catches a hung worker.
 timeout = 60

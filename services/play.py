@@ -35,7 +35,7 @@ import numpy as np
 from rlfleet.export import COLLECTING_ENV_STEP, load_best_policy
 from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import success_rate
+from rlfleet.shared.contract.wire.evaluation import success_rate
 from rlfleet.shared.envs.goals import episode_success
 from rlfleet.shared.run.config import RunConfig, read_run_config
 from rlfleet.shared.telemetry.video import VideoUnavailable

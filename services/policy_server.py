@@ -57,7 +57,8 @@ from pydantic import Field
 from rlfleet.export import BEST_POLICY_FILE, policy_from_blob
 from rlfleet.play import policy_actions, trained_policy
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import Health, Request, Response
+from rlfleet.shared.contract.wire.base import Request, Response
+from rlfleet.shared.contract.wire.views import Health
 from rlfleet.shared.infra.webapp import BadRequest
 
 if TYPE_CHECKING:

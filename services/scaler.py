@@ -194,7 +194,7 @@ class Scaler:
         self.stop = threading.Event()
 
     def round(self) -> tuple[list[str], list[str]]:
-        from rlfleet.shared.contract.schemas import API
+        from rlfleet.shared.contract.wire.base import API
 
         run = self.coordinator.get(f"{API}/run")
         wanted = run.get("collectors_desired")

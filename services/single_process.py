@@ -37,8 +37,10 @@ from rlfleet.shared.batching.transforms import BatchTransforms
 from rlfleet.shared.contract.codec import encode_weights
 from rlfleet.shared.contract.config import ConfigError, apex_epsilon
 from rlfleet.shared.contract.frames import pack, packable
-from rlfleet.shared.contract.schemas import BattleOutcome, ChunkMeta, Consumed, SampleRequest
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.evaluation import BattleOutcome
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import Consumed, SampleRequest
 from rlfleet.shared.envs.make import make_vector_env, run_spec
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob
 from rlfleet.shared.league.league import MAIN, League

@@ -26,17 +26,14 @@ from typing import Any
 
 from flask import Flask, current_app, jsonify
 
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API, Role
+from rlfleet.shared.contract.wire.membership import (
     HeartbeatRequest,
     HeartbeatResponse,
     RegisterRequest,
     RegisterResponse,
-    Role,
-    TaskAccepted,
-    TaskEnvelope,
-    TaskResult,
 )
+from rlfleet.shared.contract.wire.tasks import TaskAccepted, TaskEnvelope, TaskResult
 from rlfleet.shared.infra.auth import install_token_guard, load_token
 from rlfleet.shared.infra.crash import describe, write_crash
 from rlfleet.shared.infra.http import HttpClient, HttpError

@@ -14,7 +14,7 @@ from rlfleet.local.children import Child
 from rlfleet.local.plan import Plan
 from rlfleet.local.startup import Startup
 from rlfleet.local.supervisor import RestartsExhausted
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 
 SUMMARY_FILE = "summary.json"

@@ -10,7 +10,7 @@ from rlfleet.local.progress import Progress, Say
 from rlfleet.local.startup import Startup
 from rlfleet.local.summary import Ending
 from rlfleet.local.supervisor import LocalCluster, StopSignals, scale, supervise
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 
 POLL_S = 0.25  # between status reads

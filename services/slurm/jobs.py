@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from rlfleet.ports import free_port
 from rlfleet.serve import InProcessServer
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.slurm import commands, rendezvous
 from rlfleet.slurm.commands import SlurmError

@@ -19,7 +19,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from rlfleet.shared.contract.schemas import API, RunState
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.control import RunState
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.slurm import commands
 from rlfleet.slurm.commands import Job, SlurmError

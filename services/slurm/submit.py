@@ -115,7 +115,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def follow(plan: SlurmPlan, job: str, quiet: bool = False) -> int:
     """Until the coordinator's job has left the queue: a line of progress now and then; then
     the summary's closing line and `rlfleet up`'s exit code."""
-    from rlfleet.shared.contract.schemas import API
+    from rlfleet.shared.contract.wire.base import API
     from rlfleet.shared.infra.http import HttpClient, HttpError
 
     said = 0.0

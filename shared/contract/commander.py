@@ -59,7 +59,8 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlfleet.shared.contract.plugins import PluginKind, load_plugin, make_plugin
-from rlfleet.shared.contract.schemas import EnvKwargs, EvaluationResult, LevelSeeds
+from rlfleet.shared.contract.wire.base import EnvKwargs, LevelSeeds
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 
 FIELD = "coordinator.commander"
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.shared.contract.codec import CodecError, decode_arrays, encode_arrays
-from rlfleet.shared.contract.schemas import SamplePart, SampleResponse
+from rlfleet.shared.contract.wire.sampling import SamplePart, SampleResponse
 
 MEDIA_TYPE = "application/x-rlfleet-sample+safetensors"
 _ARRAYS = ("chunk_index", "rows", "item_ids", "weights", "lengths")

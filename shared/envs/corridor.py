@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.shared.contract.commander import BaseCommander, TaskEnvSettings
-from rlfleet.shared.contract.schemas import EvaluationResult
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 
 
 class CorridorEnv(gym.Env):

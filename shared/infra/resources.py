@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import GpuInfo, SlurmPlacement, WorkerResources
+from rlfleet.shared.contract.wire.membership import GpuInfo, SlurmPlacement, WorkerResources
 
 log = logging.getLogger("rlfleet.resources")
 

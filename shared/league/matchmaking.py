@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from rlfleet.shared.contract.config import LeagueConfig
-from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationResult, Opponent
+from rlfleet.shared.contract.wire.evaluation import EvaluationResult
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.tasks import Opponent
 from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob
 from rlfleet.shared.league.league import MAIN, League, Player
 from rlfleet.shared.run.config import RunConfig

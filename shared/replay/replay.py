@@ -22,7 +22,8 @@ import numpy as np
 
 from rlfleet.shared.contract.algo import PrioritySettings, RolloutSettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
-from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, PriorityUpdate, SampleRequest
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import Consumed, PriorityUpdate, SampleRequest
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.infra.webapp import BadRequest
 from rlfleet.shared.replay.buffers import (

@@ -31,8 +31,8 @@ import numpy as np
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import CodecError, decode_weights
-from rlfleet.shared.contract.schemas import GameRecord, Opponent
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.tasks import GameRecord, Opponent
 from rlfleet.shared.envs.games.bots import make_bot
 from rlfleet.shared.envs.games.match import Game, Table, make_game
 from rlfleet.shared.infra.storage import Storage, StorageError, snapshot_blob

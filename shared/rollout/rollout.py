@@ -27,7 +27,8 @@ import numpy as np
 
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent, SeededActing
-from rlfleet.shared.contract.schemas import GameRecord, success_rate
+from rlfleet.shared.contract.wire.evaluation import success_rate
+from rlfleet.shared.contract.wire.tasks import GameRecord
 from rlfleet.shared.envs.goals import episode_info, episode_success
 from rlfleet.shared.envs.make import final_next_obs, reward_components
 from rlfleet.shared.util.moments import RunningMoments

@@ -73,7 +73,7 @@ class RunConfig(Frozen):
     env: EnvConfig = EnvConfig()
     algo: AlgoConfigs = Field(default_factory=lambda: algo_spec("dqn").config(),
                               description="the algorithm: `name` picks one of the registry's "
-                              "(dqn, cql, bc, ppo), and its settings with it")
+                              f"({', '.join(ALGO_NAMES)}), and its settings with it")
     collector: CollectorConfig = CollectorConfig()
     buffers: dict[str, BufferConfig] = Field(
         default_factory=lambda: {"replay": BufferConfig()},
@@ -90,18 +90,30 @@ class RunConfig(Frozen):
     storage: str | None = Field(None, description="directory path or redis://host:port/db; "
                                 "default: <run-dir>/storage")
 
+    # The checks across sections, one rule each. Pydantic runs them in this order and stops at
+    # the first that fails: later ones rely on earlier ones (the rate limits read the buffers
+    # `learner.mix` names, so those must exist), and the order decides which of two faults a
+    # config is told of first.
+
     @model_validator(mode="after")
-    def _consistent(self) -> RunConfig:
+    def _buffers_named(self) -> RunConfig:
         if not self.buffers:
             raise ValueError("buffers: at least one buffer is needed")
-        names = set(self.buffers)
         for name in self.buffers:
             if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
                 raise ValueError(f"buffers: name {name!r} must be letters, digits, _ . -")
+        return self
+
+    @model_validator(mode="after")
+    def _mix_names_buffers(self) -> RunConfig:
         for part in self.learner.mix:
-            if part.buffer not in names:
+            if part.buffer not in self.buffers:
                 raise ValueError(f"learner.mix names buffer {part.buffer!r}, not one of "
-                                 f"{sorted(names)}")
+                                 f"{sorted(self.buffers)}")
+        return self
+
+    @model_validator(mode="after")
+    def _rate_limit_bands_hold_a_batch(self) -> RunConfig:
         for part in self.learner.mix:
             share = max(1, round(part.fraction * self.algo.batch_size))
             bcfg = self.buffers[part.buffer]
@@ -121,27 +133,51 @@ class RunConfig(Frozen):
                     f"than the {items} items of one batch below error_buffer="
                     f"{limit.error_buffer}: learners and collectors would wait for each other "
                     "forever")
+        return self
+
+    @model_validator(mode="after")
+    def _queue_buffers_are_not_mixed(self) -> RunConfig:
         queues = [p.buffer for p in self.learner.mix if self.buffers[p.buffer].kind == "queue"]
         if queues and len(self.learner.mix) > 1:
             raise ValueError(f"learner.mix: queue buffer {queues[0]!r} hands out whole chunks "
                              "and cannot be mixed with other buffers")
+        return self
+
+    @model_validator(mode="after")
+    def _mix_feeds_the_algorithm(self) -> RunConfig:
         if self.algo.policy is None:  # a user's class says what it learns from when built
             spec = algo_spec(self.algo.name)
             problem = self.feed_problem(spec.title, spec.on_policy, spec.buffer_kinds)
             if problem:
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _eval_is_scheduled(self) -> RunConfig:
         if self.eval.every_env_steps is None and self.eval.every_train_iterations is None:
             raise ValueError("eval: set every_env_steps or every_train_iterations")
+        return self
+
+    @model_validator(mode="after")
+    def _mix_fractions_sum_to_one(self) -> RunConfig:
         total = sum(p.fraction for p in self.learner.mix)
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"learner.mix fractions sum to {total}, not 1")
+        return self
+
+    @model_validator(mode="after")
+    def _insert_into_names_writable_buffers(self) -> RunConfig:
         for name in self.collector.insert_into or ():
-            if name not in names:
+            if name not in self.buffers:
                 raise ValueError(f"collector.insert_into names buffer {name!r}, not one of "
-                                 f"{sorted(names)}")
+                                 f"{sorted(self.buffers)}")
             if self.buffers[name].kind == "dataset":
                 raise ValueError(f"collector.insert_into names buffer {name!r}, a read-only "
                                  "dataset buffer")
+        return self
+
+    @model_validator(mode="after")
+    def _apex_explores_with_epsilon(self) -> RunConfig:
         if self.collector.epsilon_schedule == "apex" and not isinstance(
                 self.algo, EpsilonGreedySettings):
             greedy = sorted(n for n, spec in ALGORITHMS.items()
@@ -150,14 +186,48 @@ class RunConfig(Frozen):
                              f"epsilon; algo.name={self.algo.name!r} does not explore with "
                              f"epsilon (an epsilon-greedy algorithm does: "
                              f"{', '.join(greedy)})")
+        return self
+
+    @model_validator(mode="after")
+    def _saved_chunks_hold_raw_observations(self) -> RunConfig:
         if self.collector.save_to is not None and _uses_obs_norm(self.algo):
             raise ValueError("collector.save_to: with algo.obs_norm chunks hold normalised "
                              "observations, which are no dataset of the env")
+        return self
+
+    @model_validator(mode="after")
+    def _learner_group_splits_the_work(self) -> RunConfig:
         problem = self.group_problem(self.learner.count)
         if problem:
             raise ValueError(f"learner.count={self.learner.count}: {problem}")
-        if self.league is not None:
-            self._check_league(self.league)
+        return self
+
+    @model_validator(mode="after")
+    def _league_is_playable(self) -> RunConfig:
+        """What can be checked without importing the game (`check_runnable` builds it)."""
+        league = self.league
+        if league is None:
+            return self
+        if self.env.id not in ("tictactoe_v3", "connect_four_v3") and ":" not in self.env.id:
+            raise ValueError(f"env.id={self.env.id!r}: a league plays a two-player game: "
+                             "'tictactoe_v3', 'connect_four_v3' or 'package.module:make_env' "
+                             "(a PettingZoo AEC env)")
+        for bot in league.bots:
+            if bot in BUILT_IN_BOTS:
+                games = BUILT_IN_BOTS[bot]
+                if games is not None and self.env.id not in games:
+                    raise ValueError(f"league.bots: {bot!r} plays only {list(games)}, not "
+                                     f"{self.env.id!r}")
+            elif ":" not in bot:
+                raise ValueError(f"league.bots: {bot!r} is not a bot: use one of "
+                                 f"{sorted(BUILT_IN_BOTS)} or 'package.module:make_bot'")
+        if len(set(league.bots)) != len(league.bots):
+            raise ValueError("league.bots: each bot once")
+        names = [f"bot-{bot}" for bot in league.bots] + ["snapshot-first"]
+        for rule in league.stop_when:
+            if rule.opponent not in names:
+                raise ValueError(f"league.stop_when: opponent {rule.opponent!r} is not one of "
+                                 f"{names}")
         return self
 
     def feed_problem(self, title: str, on_policy: bool,
@@ -188,29 +258,6 @@ class RunConfig(Frozen):
         if self.collector.insert_into is not None:
             return self.collector.insert_into
         return tuple(n for n, b in self.buffers.items() if b.kind != "dataset")
-
-    def _check_league(self, league: LeagueConfig) -> None:
-        """What can be checked without importing the game (`check_runnable` builds it)."""
-        if self.env.id not in ("tictactoe_v3", "connect_four_v3") and ":" not in self.env.id:
-            raise ValueError(f"env.id={self.env.id!r}: a league plays a two-player game: "
-                             "'tictactoe_v3', 'connect_four_v3' or 'package.module:make_env' "
-                             "(a PettingZoo AEC env)")
-        for bot in league.bots:
-            if bot in BUILT_IN_BOTS:
-                games = BUILT_IN_BOTS[bot]
-                if games is not None and self.env.id not in games:
-                    raise ValueError(f"league.bots: {bot!r} plays only {list(games)}, not "
-                                     f"{self.env.id!r}")
-            elif ":" not in bot:
-                raise ValueError(f"league.bots: {bot!r} is not a bot: use one of "
-                                 f"{sorted(BUILT_IN_BOTS)} or 'package.module:make_bot'")
-        if len(set(league.bots)) != len(league.bots):
-            raise ValueError("league.bots: each bot once")
-        names = [f"bot-{bot}" for bot in league.bots] + ["snapshot-first"]
-        for rule in league.stop_when:
-            if rule.opponent not in names:
-                raise ValueError(f"league.stop_when: opponent {rule.opponent!r} is not one of "
-                                 f"{names}")
 
     def group_problem(self, learners: int) -> str | None:
         """Why a learner group of this size cannot split this config's work, or None."""

@@ -18,7 +18,7 @@ from rlfleet.learner.checkpoints import CheckpointStore
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.contract.codec import decode_weights
 from rlfleet.shared.contract.config import apex_epsilon
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.envs.make import run_spec
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.run.config import load_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import requests
 
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 
 from .helpers import REPO, coordinator_url, small_config, wait_for
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import Processes, small_config, wait_for

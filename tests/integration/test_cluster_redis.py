@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.storage import RedisStorage
 
 from .helpers import (

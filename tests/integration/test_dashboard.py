@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 
 from .helpers import free_port, small_config, wait_for
 

@@ -11,7 +11,7 @@ import numpy as np
 import requests
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.telemetry.rundata import load_run
 from rlfleet.shared.telemetry.video import read_frames
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.telemetry.rundata import load_run
 
 from .helpers import REPO, coordinator_url, marked_env, small_config, wait_for

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import requests
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 
 from .helpers import REPO, config_from, coordinator_url, wait_for
 

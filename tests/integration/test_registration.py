@@ -17,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import Processes, Service, free_port, small_config, wait_for

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient
 
 from .helpers import (

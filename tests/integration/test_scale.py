@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 
 from .helpers import REPO, wait_for
 

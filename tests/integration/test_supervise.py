@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from rlfleet.local.launcher import LocalCluster, RestartsExhausted
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 
 from .helpers import (
     MARKER_VAR,

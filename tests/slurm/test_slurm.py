@@ -32,7 +32,7 @@ import yaml
 from chaos.harness import Monitor
 from integration.helpers import REPO, wait_for
 
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.slurm import rendezvous
 
 from .cluster import SlurmCluster, unavailable

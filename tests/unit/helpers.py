@@ -25,7 +25,7 @@ import yaml
 from pydantic import ValidationError
 
 from rlfleet.shared.contract.codec import encode_arrays
-from rlfleet.shared.contract.schemas import TaskEnvelope
+from rlfleet.shared.contract.wire.tasks import TaskEnvelope
 from rlfleet.shared.infra.storage import DirectoryStorage
 
 REPO = Path(__file__).resolve().parents[2]

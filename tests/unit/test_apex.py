@@ -29,8 +29,9 @@ from rlfleet.shared.algos.capabilities import EpsilonGreedy
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.config import CollectorConfig, ConfigError, apex_epsilon
-from rlfleet.shared.contract.schemas import CollectTask, TaskKind, TaskState
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.base import TaskKind, TaskState
+from rlfleet.shared.contract.wire.tasks import CollectTask
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.check import check_runnable
 from rlfleet.shared.run.config import load_config, parse_config

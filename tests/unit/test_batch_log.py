@@ -10,7 +10,7 @@ import pytest
 
 from rlfleet.coordinator.batch_log import BatchLog, _Counts
 from rlfleet.shared.contract.config import BatchLogConfig
-from rlfleet.shared.contract.schemas import BatchLogEntry, LearnInfo
+from rlfleet.shared.contract.wire.sampling import BatchLogEntry, LearnInfo
 from rlfleet.shared.telemetry.rotating import table_files
 from rlfleet.shared.telemetry.rundata import BATCH_LOG_NAME, SAMPLES_NAME, load_run
 

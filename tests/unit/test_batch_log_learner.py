@@ -10,7 +10,7 @@ import torch
 from rlfleet.learner.batch_log import BatchLogTaker
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
-from rlfleet.shared.contract.schemas import MAX_LOGGED_SAMPLES
+from rlfleet.shared.contract.wire.sampling import MAX_LOGGED_SAMPLES
 
 
 def test_values_and_ids_stay_aligned_per_part():

@@ -16,7 +16,8 @@ pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[gam
 
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import encode_weights  # noqa: E402
-from rlfleet.shared.contract.schemas import ChunkMeta, Opponent  # noqa: E402
+from rlfleet.shared.contract.wire.experience import ChunkMeta  # noqa: E402
+from rlfleet.shared.contract.wire.tasks import Opponent  # noqa: E402
 from rlfleet.shared.envs.games.tictactoe import board_from_planes, perfect_move  # noqa: E402
 from rlfleet.shared.envs.make import run_spec  # noqa: E402
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob  # noqa: E402

@@ -12,14 +12,9 @@ from rlfleet.coordinator import evaluation, membership, tasks
 from rlfleet.coordinator.evaluation import EvaluationSchedule
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.schemas import (
-    EvaluateTask,
-    EvaluationReport,
-    EvaluationResult,
-    Role,
-    TaskKind,
-    TaskState,
-)
+from rlfleet.shared.contract.wire.base import Role, TaskKind, TaskState
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport, EvaluationResult
+from rlfleet.shared.contract.wire.tasks import EvaluateTask
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.config import parse_config
 

@@ -218,7 +218,8 @@ KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_replay_clear_empties_every_kind_and_keeps_the_ledger(kind):
-    from rlfleet.shared.contract.schemas import ChunkMeta, Consumed, SampleRequest
+    from rlfleet.shared.contract.wire.experience import ChunkMeta
+    from rlfleet.shared.contract.wire.sampling import Consumed, SampleRequest
     from rlfleet.shared.replay.replay import ReadOnlyBuffer, Replay, UnknownBuffer
     from rlfleet.shared.run.config import parse_config
 

@@ -18,7 +18,7 @@ import pytest
 
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.coordinator.runlog import RunLog
-from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.config import parse_config

@@ -23,17 +23,14 @@ from rlfleet.collector.evaluator import EvaluationCrashed, Evaluator
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.collector.service import CollectorService
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import (
-    API,
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport
+from rlfleet.shared.contract.wire.experience import (
     ChunkReport,
     ChunkReportResponse,
     CollectPermitResponse,
-    CollectTask,
-    EvaluateTask,
-    EvaluationReport,
-    Opponent,
-    TaskEnvelope,
 )
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, Opponent, TaskEnvelope
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import DirectoryStorage, StorageError, evaluated_blob
 from rlfleet.shared.run.config import load_config
@@ -388,14 +385,15 @@ def test_the_evaluator_keeps_its_envs_while_tasks_ask_for_as_many(tmp_path, monk
 def _loop(tmp_path: Path, client: _Client, torch: _NoTorch, inbox: TaskInbox | None = None
           ) -> tuple[CollectLoop, DirectoryStorage, threading.Event]:
     inbox = inbox or TaskInbox()
-    task = CollectTask(task_id="collect-1", seed=0, chunk_size=64)
+    task = CollectTask(task_id="collect-1", seed=0)
     inbox.put_collect(task)
     storage = DirectoryStorage(tmp_path)
     counters = CollectorCounters()
     acting = Acting(DQN, task.seed, storage, torch, PolicyRefresher(counters),
                     counters)
     closing = threading.Event()
-    loop = CollectLoop(DQN, task, storage, _Agent(client), inbox, acting,
+    cfg = DQN.with_overrides(collector=DQN.collector.model_copy(update={"chunk_size": 64}))
+    loop = CollectLoop(cfg, task, storage, _Agent(client), inbox, acting,
                        counters, closing)
     return loop, storage, closing
 
@@ -418,6 +416,7 @@ def test_the_loop_acts_at_random_while_torch_loads_and_ends_when_the_coordinator
     reports: list[ChunkReport] = client.bodies("/chunks")
     chunks = [meta for report in reports for meta in report.chunks]
     assert len(chunks) >= 3 and {r.task_id for r in reports} == {"collect-1"}
+    assert {meta.length for meta in chunks} == {64}  # the run config's collector.chunk_size
     assert counters.chunks_reported == loop.adder.chunks_reported == len(chunks)
     assert set(storage.list_chunks()) == {meta.chunk_id for meta in chunks}
     assert {meta.policy_version for meta in chunks} == {-1}  # no published policy acted

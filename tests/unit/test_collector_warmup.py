@@ -77,7 +77,7 @@ def test_a_collector_joining_mid_run_explores_from_the_runs_steps_not_at_random(
     told the run's env steps when it registers, and acts with the real policy from there."""
     from rlfleet.collector.adder import StorageAdder
     from rlfleet.collector.service import CollectorService
-    from rlfleet.shared.contract.schemas import CollectTask, TaskEnvelope
+    from rlfleet.shared.contract.wire.tasks import CollectTask, TaskEnvelope
     from rlfleet.shared.infra.http import HttpClient
     from rlfleet.shared.infra.storage.directory import DirectoryStorage
 

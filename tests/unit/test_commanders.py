@@ -13,7 +13,7 @@ from rlfleet.collector.collecting import CollectLoop
 from rlfleet.collector.inbox import TaskInbox
 from rlfleet.shared.contract.commander import BaseCommander, TaskEnvSettings, load_commander
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import CollectTask, EvaluateTask
+from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask
 from rlfleet.shared.envs.corridor import CorridorCurriculum, CorridorEnv
 from rlfleet.shared.envs.make import LevelSeed, make_vector_env
 from rlfleet.shared.run.config import parse_config
@@ -109,7 +109,7 @@ def test_the_curriculum_steps_up_on_success_of_its_current_level_and_solves_at_t
     assert isinstance(c, CorridorCurriculum)
 
     def result(success: float):
-        from rlfleet.shared.contract.schemas import EvaluationResult
+        from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 
         return EvaluationResult(task_id="evaluate-1", worker_id="w", policy_version=1,
                                 env_steps=1, train_iterations=1, episodes=4, return_mean=0.9,
@@ -254,7 +254,8 @@ class Flaky(BaseCommander):
 def test_changed_settings_update_live_collect_tasks_and_a_raising_commander_stops_the_run():
     from rlfleet.coordinator.env_settings import EnvSettings
     from rlfleet.coordinator.tasks import TaskTable
-    from rlfleet.shared.contract.schemas import EvaluationResult, TaskKind, TaskState
+    from rlfleet.shared.contract.wire.base import TaskKind, TaskState
+    from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 
     stops: list[str] = []
     settings = EnvSettings(Flaky(None), stops.append)
@@ -324,7 +325,7 @@ def test_the_best_policy_is_the_one_that_walked_the_longest_corridor(coordinator
 
 
 def test_the_corridor_scores_levels_first_then_success_then_return():
-    from rlfleet.shared.contract.schemas import EvaluationResult
+    from rlfleet.shared.contract.wire.evaluation import EvaluationResult
 
     commander = load_commander(_run_config(CORRIDOR))
 

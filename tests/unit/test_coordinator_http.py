@@ -14,7 +14,8 @@ import pytest
 
 from rlfleet.shared.batching.batching import assemble
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import SampleResponse, Status
+from rlfleet.shared.contract.wire.sampling import SampleResponse
+from rlfleet.shared.contract.wire.status import Status
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import ChunkNotFound, DirectoryStorage, evaluated_blob
 from rlfleet.shared.run.config import parse_config

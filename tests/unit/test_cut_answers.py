@@ -25,7 +25,7 @@ import pytest
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.collector.collecting import wait_for_permit
 from rlfleet.collector.service import CollectorService
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.infra.storage import DirectoryStorage
 

@@ -25,8 +25,8 @@ from rlfleet.shared.algos.ppo import PPO
 from rlfleet.shared.algos.ppo.config import PPOConfig
 from rlfleet.shared.algos.r2d2 import R2D2, R2D2Config
 from rlfleet.shared.algos.sac import SAC, SACConfig
-from rlfleet.shared.contract.schemas import GroupAssignment
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.group import GroupAssignment
 
 from .helpers import wait_for
 

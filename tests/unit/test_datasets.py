@@ -19,8 +19,8 @@ from rlfleet.shared.algos.cql.config import CQLConfig
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.contract.config import ConfigError, EnvConfig
-from rlfleet.shared.contract.schemas import ChunkMeta  # noqa: E402
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.experience import ChunkMeta  # noqa: E402
 from rlfleet.shared.data.datasets import (  # noqa: E402
     DatasetError,
     check_datasets,

@@ -12,8 +12,8 @@ from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.batching.batching import DEFAULT_FIELDS, Batch, assemble
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
-from rlfleet.shared.contract.schemas import SamplePart
 from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.contract.wire.sampling import SamplePart
 
 SPEC = EnvSpec(obs_shape=(2,), n_actions=3)
 

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from rlfleet.coordinator.episodes import EpisodeTable
-from rlfleet.shared.contract.schemas import ChunkMeta, EvaluationReport
+from rlfleet.shared.contract.wire.evaluation import EvaluationReport
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.telemetry.rotating import RotatingJsonl, table_files
 from rlfleet.shared.telemetry.rundata import EPISODES_NAME, load_run
 

@@ -21,12 +21,8 @@ from rlfleet.collector.acting import Acting
 from rlfleet.collector.evaluator import Evaluator
 from rlfleet.collector.service import CollectorService
 from rlfleet.shared.contract.config import EnvConfig
-from rlfleet.shared.contract.schemas import (
-    EvalEpisodes,
-    EvaluateTask,
-    EvaluationReport,
-    EvaluationResult,
-)
+from rlfleet.shared.contract.wire.evaluation import EvalEpisodes, EvaluationReport, EvaluationResult
+from rlfleet.shared.contract.wire.tasks import EvaluateTask
 from rlfleet.shared.envs.make import make_vector_env
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.rollout.rollout import evaluate

@@ -46,7 +46,7 @@ def test_the_taker_covers_trainable_weights_their_gradients_actions_and_q_values
 
 
 def test_a_learn_info_carries_them_validated():
-    from rlfleet.shared.contract.schemas import LearnInfo
+    from rlfleet.shared.contract.wire.sampling import LearnInfo
 
     h = histogram(np.arange(10.0), bins=4)
     info = LearnInfo(worker_id="l", train_iterations=1, policy_version=0,

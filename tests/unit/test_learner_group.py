@@ -16,7 +16,9 @@ from rlfleet.coordinator.learner_group import (
     deal_rollout,
     shard_parts,
 )
-from rlfleet.shared.contract.schemas import ChunkMeta, GroupSyncRequest, SampleRequest
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.group import GroupSyncRequest
+from rlfleet.shared.contract.wire.sampling import SampleRequest
 from rlfleet.shared.replay.replay import PartPlan, Replay
 from rlfleet.shared.run.config import parse_config
 

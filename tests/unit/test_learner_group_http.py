@@ -13,7 +13,8 @@ import requests
 from rlfleet.learner.group import GroupMember
 from rlfleet.learner.publisher import Publisher
 from rlfleet.learner.session import GroupSession
-from rlfleet.shared.contract.schemas import GroupAssignment, Role
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.group import GroupAssignment
 from rlfleet.shared.worker import WorkerAgent
 
 from .helpers import (

@@ -24,13 +24,9 @@ from rlfleet.learner.session import GroupSession
 from rlfleet.learner.timers import LearnerTimers, UpdateRate
 from rlfleet.learner.training import Progress, Training, learning_rate
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import (
-    Consumed,
-    GroupAssignment,
-    HeartbeatResponse,
-    LearnInfo,
-    LearnInfoResponse,
-)
+from rlfleet.shared.contract.wire.group import GroupAssignment
+from rlfleet.shared.contract.wire.membership import HeartbeatResponse
+from rlfleet.shared.contract.wire.sampling import Consumed, LearnInfo, LearnInfoResponse
 from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import StorageError
 from rlfleet.shared.infra.storage.directory import DirectoryStorage

@@ -13,7 +13,7 @@ import torch
 from rlfleet.learner.publisher import PublishConflict, Publisher
 from rlfleet.learner.reporter import Reporter
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
-from rlfleet.shared.contract.schemas import LearnInfo, PriorityUpdate
+from rlfleet.shared.contract.wire.sampling import LearnInfo, PriorityUpdate
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.directory import DirectoryStorage

@@ -18,7 +18,8 @@ from rlfleet.coordinator.runlog import RunLog
 from rlfleet.learner.metric_window import FOLD_AT, MAX_ARRAY_ELEMENTS, MetricWindow
 from rlfleet.learner.shortage import DataShortage
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import LearnInfo, Role
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.sampling import LearnInfo
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import JSONL_NAME, read_records
 

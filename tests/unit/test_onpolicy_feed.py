@@ -10,7 +10,8 @@ import torch
 
 from rlfleet.learner.rollouts import RolloutFeeder, is_stale
 from rlfleet.shared.contract.codec import decode_arrays
-from rlfleet.shared.contract.schemas import API, LearnInfo, LearnInfoResponse
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.contract.wire.sampling import LearnInfo, LearnInfoResponse
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.infra.storage import DirectoryStorage
 

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from rlfleet.coordinator.app import create_app
-from rlfleet.shared.contract.schemas import API
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV
 from rlfleet.shared.run.config import parse_config
 

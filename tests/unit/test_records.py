@@ -15,7 +15,7 @@ import pytest
 from rlfleet.coordinator.records import RecordFeed
 from rlfleet.coordinator.runlog import RunLog
 from rlfleet.shared.contract.config import SCOPES
-from rlfleet.shared.contract.schemas import RecordsQuery
+from rlfleet.shared.contract.wire.records import RecordsQuery
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import JSONL_NAME
 

@@ -18,13 +18,8 @@ import numpy as np
 import pytest
 import requests
 
-from rlfleet.shared.contract.schemas import (
-    ChunkMeta,
-    Consumed,
-    MixShare,
-    PriorityUpdate,
-    SampleRequest,
-)
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import Consumed, MixShare, PriorityUpdate, SampleRequest
 from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.infra.webapp import BadRequest
 from rlfleet.shared.replay.replay import Replay, UnknownBuffer

@@ -29,7 +29,9 @@ from werkzeug.serving import make_server
 from rlfleet.coordinator.app import create_app
 from rlfleet.serve import InProcessServer
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import Role, Status, TaskAccepted, TaskEnvelope
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.status import Status
+from rlfleet.shared.contract.wire.tasks import TaskAccepted, TaskEnvelope
 from rlfleet.shared.infra import resources
 from rlfleet.shared.infra.auth import TOKEN_ENV, TOKEN_FILE_ENV
 from rlfleet.shared.infra.crash import CRASH_FILE_ENV

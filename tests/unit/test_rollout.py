@@ -10,7 +10,7 @@ import pytest
 
 from rlfleet.shared.algos.base import ActOutput
 from rlfleet.shared.contract.config import EnvConfig
-from rlfleet.shared.contract.schemas import ChunkMeta
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.envs.make import make_vector_env
 from rlfleet.shared.rollout.rollout import Rollout, episode_segments, evaluate
 

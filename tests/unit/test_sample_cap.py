@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet.shared.contract.schemas import MAX_SAMPLE_ITEMS, SampleRequest
+from rlfleet.shared.contract.wire.sampling import MAX_SAMPLE_ITEMS, SampleRequest
 
 from .helpers import HTTP, TIMEOUT
 

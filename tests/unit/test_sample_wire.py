@@ -8,7 +8,7 @@ import pytest
 
 from rlfleet.shared.contract.codec import CodecError, encode_arrays
 from rlfleet.shared.contract.sample_wire import MEDIA_TYPE, decode_sample, encode_sample
-from rlfleet.shared.contract.schemas import SampleResponse
+from rlfleet.shared.contract.wire.sampling import SampleResponse
 from rlfleet.shared.infra.http import HttpClient
 from rlfleet.shared.replay.replay import PartRefs
 

@@ -17,7 +17,8 @@ import pytest
 from rlfleet.shared.algos.spec import SAMPLED_KINDS
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
 from rlfleet.shared.contract.config import BufferConfig, ConfigError
-from rlfleet.shared.contract.schemas import ChunkMeta, SamplePart, SampleRequest, SampleResponse
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import SamplePart, SampleRequest, SampleResponse
 from rlfleet.shared.replay.buffers import SequenceBuffer, make_buffer
 from rlfleet.shared.replay.buffers.base import ChunkInfo, SampleError
 from rlfleet.shared.replay.buffers.sequence import sequence_starts

@@ -25,7 +25,8 @@ import requests
 from rlfleet.http_errors import MAX_HEADER_BYTES
 from rlfleet.serve import InProcessServer
 from rlfleet.shared.contract.config import ConfigError
-from rlfleet.shared.contract.schemas import Role, TaskAccepted, TaskEnvelope
+from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.tasks import TaskAccepted, TaskEnvelope
 from rlfleet.shared.worker import WorkerService, create_worker_app
 
 from .helpers import closed_port, descendants, free_port, wait_for
