@@ -42,6 +42,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import Field
+
 from rlfleet.command import (
     FLOAT,
     INT,
@@ -50,11 +52,13 @@ from rlfleet.command import (
     PORT,
     POSITIVE,
     SECONDS,
+    CommandOptions,
     env,
     parse_command,
     run,
     setup_logging,
 )
+from rlfleet.local.options import LaunchOptions
 from rlfleet.ports import free_port as free_port  # benches import it from here
 from rlfleet.roles import OVERRIDES_HELP, add_role_parsers
 from rlfleet.shared.contract.config import ConfigError
@@ -79,23 +83,43 @@ def _overrides_option(p: argparse.ArgumentParser, help: str = OVERRIDES_HELP) ->
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=help)
 
 
-def _local_launch(args: argparse.Namespace) -> int:
-    """`rlfleet up` or `rlfleet resume`. The run's overrides are in its `config.yaml`, which
-    every child reads: a coordinator child must not apply `RLFLEET_OVERRIDES` (a setting of
-    `rlfleet coordinator`) on top of it, so the variable goes no further than here."""
+def up_options(args: argparse.Namespace) -> LaunchOptions:
+    """What `rlfleet up` was given, as the launcher takes it."""
+    return LaunchOptions.checked(
+        config=args.config, overrides=tuple(args.overrides), collectors=args.collectors,
+        learners=args.learners, storage=args.storage, run_dir=args.run_dir, seed=args.seed,
+        max_wall_s=args.max_wall_s, max_env_steps=args.max_env_steps, quiet=args.quiet,
+        port=args.port, collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+
+
+def resume_options(args: argparse.Namespace) -> LaunchOptions:
+    """What `rlfleet resume` was given, as the launcher takes it."""
+    return LaunchOptions.checked(
+        resume=True, run_dir=args.run_dir, overrides=tuple(args.overrides),
+        collectors=args.collectors, learners=args.learners, max_wall_s=args.max_wall_s,
+        max_env_steps=args.max_env_steps, quiet=args.quiet, port=args.port,
+        collector_nice=args.collector_nice, max_restarts=args.max_restarts)
+
+
+def launch(options: LaunchOptions) -> int:
+    """`rlfleet up` or `rlfleet resume`, however it was started (a shell, the Python API).
+    The run's overrides are in its `config.yaml`, which every child reads: a coordinator
+    child must not apply `RLFLEET_OVERRIDES` (a setting of `rlfleet coordinator`) on top of
+    it, so the variable goes no further than here."""
     import os
 
     from rlfleet.local.launcher import up
 
     if os.environ.pop(OVERRIDES_ENV, None):
-        print(f"rlfleet {args.command}: ignoring {OVERRIDES_ENV} (it is for `rlfleet "
+        command = "resume" if options.resume else "up"
+        print(f"rlfleet {command}: ignoring {OVERRIDES_ENV} (it is for `rlfleet "
               "coordinator`); give overrides after the options: KEY=VALUE ...",
               file=sys.stderr)
-    return up(args)
+    return up(options)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    return _local_launch(args)
+    return launch(up_options(args))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -118,8 +142,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if (Path(args.run_dir) / "config.yaml").is_file():  # else the launcher says what is wrong
         print(f"rlfleet resume: {args.run_dir}: {resume_point(Path(args.run_dir))}",
               flush=True)
-    args.resume = True
-    return _local_launch(args)
+    return launch(resume_options(args))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -259,16 +282,35 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_single(args: argparse.Namespace) -> int:
+class SingleOptions(CommandOptions):
+    """One run of `rlfleet single`, whether the command line or the Python API
+    (`rlfleet.single`) started it."""
+
+    config: str = Field(description="a YAML path or the name of a packaged config")
+    overrides: tuple[str, ...] = Field((), description="`KEY=VALUE` items for the config")
+    seed: int | None = None
+    run_dir: str | None = Field(None, description="where to write what `rlfleet up` leaves "
+                                "in a run directory; None: nowhere")
+
+
+def single_options(args: argparse.Namespace) -> SingleOptions:
+    """What `rlfleet single` was given."""
+    return SingleOptions.checked(config=args.config, overrides=tuple(args.overrides),
+                                 seed=args.seed, run_dir=args.run_dir)
+
+
+def train_single(options: SingleOptions) -> int:
+    """Train in this process; the exit code as `rlfleet up` ends: 0 solved, 3 stopped
+    unsolved, 130 stopped by a signal."""
     from dataclasses import asdict
 
     from rlfleet.shared.run.check import check_runnable
     from rlfleet.single_process import run_single, train_in_dir
 
     setup_logging("single")
-    cfg = load_config(args.config, args.overrides).with_overrides(seed=args.seed)
-    if args.overrides:
-        print(f"overrides: {' '.join(args.overrides)}", flush=True)
+    cfg = load_config(options.config, options.overrides).with_overrides(seed=options.seed)
+    if options.overrides:
+        print(f"overrides: {' '.join(options.overrides)}", flush=True)
     for warning in check_runnable(cfg).warnings:
         print(f"warning: {warning}", file=sys.stderr)
 
@@ -276,13 +318,16 @@ def cmd_single(args: argparse.Namespace) -> int:
         print(f"{t:7.1f}s env steps {s:>8,}  train it {i:>7,}  eval {r:7.1f}", flush=True)
 
     outcome = None
-    if args.run_dir:
-        res, outcome = train_in_dir(cfg, Path(args.run_dir), progress)
+    if options.run_dir:
+        res, outcome = train_in_dir(cfg, Path(options.run_dir), progress)
     else:
         res = run_single(cfg, progress=progress)
     print(asdict(res))
-    # as `rlfleet up` ends: 0 solved, 3 stopped unsolved, 130 stopped by a signal
     return 0 if res.solved else 130 if outcome == "interrupted" else 3
+
+
+def cmd_single(args: argparse.Namespace) -> int:
+    return train_single(single_options(args))
 
 
 def cmd_buffer(args: argparse.Namespace) -> int:

@@ -15,7 +15,9 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlfleet.shared.contract.config import ConfigError
 
@@ -139,6 +141,34 @@ class EnvFlag(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, True)
+
+
+class CommandOptions(BaseModel):
+    """A long command's options as one typed, frozen object: what its handler takes, whether
+    the command line built it from parsed options or the Python API from keyword arguments,
+    and what the API hands its child process (as JSON: `rlfleet.api_child`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def checked(cls, **fields: Any) -> Self:
+        """The options from `fields`; a value the model refuses raises `ConfigError` naming
+        the field (`collectors='x': ...`), before anything starts."""
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            raise ConfigError(options_error(err)) from None
+
+
+def options_error(err: ValidationError) -> str:
+    """A refused option, one line per problem: `field=value: why`, or, for a rule across
+    fields, its message (which names the field)."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in e["loc"])
+        lines.append(f"{loc}={e.get('input')!r}: {msg}" if loc else msg)
+    return "\n".join(lines)
 
 
 def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None
