@@ -231,18 +231,24 @@ def check_environment(command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed command (`args.func`); its exit code. A `ConfigError` is the user's to
-    mend: one line and exit 2, no traceback. Any error is recorded for the supervisor that
-    started this process before it ends it."""
+    """Run a parsed command (`args.func`); its exit code, as `run_command` gives it."""
+    return run_command(args.command, lambda: args.func(args))
+
+
+def run_command(command: str, start: Callable[[], int]) -> int:
+    """Run `command` (`start` runs it: from a parsed command line, or from the options the
+    Python API handed its child); its exit code. A `ConfigError` is the user's to mend: one
+    line and exit 2, no traceback. Any error is recorded for the supervisor that started this
+    process before it ends it."""
     try:
-        check_environment(args.command)
-        return args.func(args)
+        check_environment(command)
+        return start()
     except ConfigError as err:
-        print(f"rlfleet {args.command}: {err}", file=sys.stderr)
-        record_crash(err, args.command)
+        print(f"rlfleet {command}: {err}", file=sys.stderr)
+        record_crash(err, command)
         return 2
     except Exception as err:
-        record_crash(err, args.command)
+        record_crash(err, command)
         raise
 
 

@@ -5,6 +5,8 @@ arguments, it survives the JSON the API hands its child, and a value it refuses 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlfleet.cli import build_parser, resume_options, up_options
@@ -42,3 +44,17 @@ def test_a_refused_option_names_its_field(fields, message):
     with pytest.raises(ConfigError) as err:
         LaunchOptions.checked(**fields)
     assert str(err.value).startswith(message)
+
+
+def test_the_api_child_refuses_options_it_cannot_take_as_the_command_would(tmp_path, capsys):
+    from rlfleet.api_child import OPTIONS_FILE, main, write_options
+
+    path = tmp_path / OPTIONS_FILE
+    path.write_text(json.dumps({"command": "up",
+                                "options": {"config": "c.yaml", "collectors": "many"}}))
+    assert main([str(path)]) == 2
+    assert capsys.readouterr().err.startswith("rlfleet up: collectors='many': ")
+    # What a `Run` writes is what the child reads back.
+    write_options(path, "up", LaunchOptions(config="c.yaml", overrides=("a=1",), port=9))
+    assert LaunchOptions(**json.loads(path.read_text())["options"]) == LaunchOptions(
+        config="c.yaml", overrides=("a=1",), port=9)
