@@ -308,7 +308,7 @@ def single(config: Config, *, overrides: Overrides = None, seed: int | None = No
            run_dir: str | Path | None = None, runs_root: str | Path = "runs") -> Run:
     """Train in one process (`rlfleet single`: no HTTP, no storage) and return at once; the
     same `Run` as `up` gives, with its evaluations in the run directory's `metrics.jsonl`."""
-    from rlfleet.cli import SingleOptions
+    from rlfleet.commands.single import SingleOptions
 
     items = _overrides(overrides)
     source, path = _resolve(config, items, run_dir, runs_root)

@@ -31,12 +31,12 @@ def write_options(path: Path, command: str, options: CommandOptions) -> None:
 def _starter(command: str, fields: dict[str, Any]) -> Callable[[], int]:
     """What runs `command` with `fields` (checked when it runs: a refusal is its exit 2)."""
     if command == "up":
-        from rlfleet.cli import launch
+        from rlfleet.commands.launch import launch
         from rlfleet.local.options import LaunchOptions
 
         return lambda: launch(LaunchOptions.checked(**fields))
     if command == "single":
-        from rlfleet.cli import SingleOptions, train_single
+        from rlfleet.commands.single import SingleOptions, train_single
 
         return lambda: train_single(SingleOptions.checked(**fields))
     raise ValueError(f"{command!r}: the Python API starts `up` or `single`")

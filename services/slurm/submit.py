@@ -199,7 +199,10 @@ def coordinator_url(run_dir: str) -> str:
     return rv.url
 
 
-def add_slurm_parser(sub: argparse._SubParsersAction, overrides_option) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`rlfleet slurm submit|cancel|job`."""
+    from rlfleet.commands.arguments import overrides_option
+
     s = sub.add_parser("slurm", help="run on a Slurm cluster: submit a run, cancel it")
     ss = s.add_subparsers(dest="slurm_command", required=True)
 

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from rlfleet.cli import build_parser, resume_options, up_options
+from rlfleet.cli import build_parser
 from rlfleet.command import parse_command
+from rlfleet.commands.launch import resume_options, up_options
 from rlfleet.local.options import LaunchOptions
 from rlfleet.shared.contract.config import ConfigError
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.cli import build_parser, resume_options, up_options
+from rlfleet.cli import build_parser
+from rlfleet.commands.launch import resume_options, up_options
 from rlfleet.local.plan import make_plan
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config, parse_config

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlfleet.cli import build_parser, resume_options, up_options
+from rlfleet.cli import build_parser
+from rlfleet.commands.launch import resume_options, up_options
 from rlfleet.local.plan import LAUNCH_FILE, Plan, make_plan
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import PASSWORD_ENV
