@@ -16,9 +16,9 @@ the run directory and read by `rlfleet.api_child`, which calls the launcher with
 The child is tied to its `Run` and to this Python process by a lifeline, a pipe whose write
 end only this process holds: when the `Run` is dropped, or the process ends however it ends
 (a kernel killed or restarted included), the pipe closes and the launcher stops its run in
-order (workers first, a summary written). Nothing depends on the
-thread that started the run (`PR_SET_PDEATHSIG` follows the thread, so it is not used here),
-and no signal handler is installed in this process.
+order (workers first, a summary written). Nothing depends on the thread that started the run
+(`PR_SET_PDEATHSIG` follows the thread, so it is not used here), and no signal handler is
+installed in this process.
 
 The config and the options are checked here before anything starts, by the same models as
 the command line's: a bad field raises `ConfigError` naming it.
@@ -41,7 +41,7 @@ from typing import Any
 
 from rlfleet.api_child import OPTIONS_FILE, write_options
 from rlfleet.command import CommandOptions
-from rlfleet.local.summary import SUMMARY_FILE
+from rlfleet.run_summary import SUMMARY_FILE
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.stopping import LIFELINE_ENV
 
@@ -88,9 +88,8 @@ class Run:
                 # `wait()` interrupted) does not stop the run; `stop()` does.
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "rlfleet.api_child", str(options_path)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(read_end,),
-                    process_group=0)
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    pass_fds=(read_end,), process_group=0)
         finally:
             os.close(read_end)
         # The write end: closed when this object is collected or this process exits.
