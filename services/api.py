@@ -7,17 +7,21 @@ driven by Optuna or a W&B agent, a test), as `rlfleet up` and `rlfleet single` r
     run.metrics              # metrics.jsonl as a DataFrame (pandas), or its records
     run.stop()
 
-Each run is the `rlfleet` command in a child process, never threads of the caller: the
-launcher forks its roles, installs signal handlers and blocks, none of which a notebook kernel
-or a worker thread may do. The child is tied to its `Run` and to this Python process by a
-lifeline, a pipe whose write end only this process holds: when the `Run` is dropped, or the
-process ends however it ends (a kernel killed or restarted included), the pipe closes and the
-launcher stops its run in order (workers first, a summary written). Nothing depends on the
-thread that started the run (`PR_SET_PDEATHSIG` follows the thread, so it is not used here),
-and no signal handler is installed in this process.
+Each run is the `rlfleet up` (or `rlfleet single`) command's work in a child process, never
+threads of the caller: the launcher forks its roles, installs signal handlers and blocks, none
+of which a notebook kernel or a worker thread may do. The child gets the run's options as the
+typed object the command line builds (`LaunchOptions`, `SingleOptions`), written as JSON into
+the run directory and read by `rlfleet.api_child`, which calls the launcher with them.
 
-The config is checked here before anything starts, by the same models as the command line's:
-a bad field raises `ConfigError` naming it.
+The child is tied to its `Run` and to this Python process by a lifeline, a pipe whose write
+end only this process holds: when the `Run` is dropped, or the process ends however it ends
+(a kernel killed or restarted included), the pipe closes and the launcher stops its run in
+order (workers first, a summary written). Nothing depends on the thread that started the run
+(`PR_SET_PDEATHSIG` follows the thread, so it is not used here), and no signal handler is
+installed in this process.
+
+The config and the options are checked here before anything starts, by the same models as
+the command line's: a bad field raises `ConfigError` naming it.
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlfleet.local.summary import SUMMARY_FILE
+from rlfleet.api_child import OPTIONS_FILE, write_options
+from rlfleet.command import CommandOptions
+from rlfleet.run_summary import SUMMARY_FILE
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.stopping import LIFELINE_ENV
 
 LAUNCHER_LOG = "launcher.log"  # the child's own output, in the run directory
 SOURCE_CONFIG = "source-config.yaml"  # a config given as a dict, as the child reads it
 Overrides = Mapping[str, Any] | Iterable[str] | None
+Config = str | Path | Mapping[str, Any]  # a YAML path, a packaged config's name, or the dict
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,15 @@ class Run:
     """One run in a child process of this one: `rlfleet.up(...)` or `rlfleet.single(...)`.
     It lives as long as this object and this process; `stop()` ends it sooner."""
 
-    def __init__(self, kind: str, argv: list[str], run_dir: Path, url: str | None) -> None:
+    def __init__(self, kind: str, options: CommandOptions, run_dir: Path,
+                 url: str | None) -> None:
         self.kind = kind  # "up" or "single"
+        self.options = options  # what it was started with
         self.run_dir = run_dir
         self.url = url  # the coordinator's (the dashboard's); None for a single run
         self.log_path = run_dir / LAUNCHER_LOG
+        options_path = run_dir / OPTIONS_FILE
+        write_options(options_path, kind, options)
         read_end, write_end = os.pipe()
         env = {**os.environ, LIFELINE_ENV: str(read_end), "PYTHONUNBUFFERED": "1"}
         try:
@@ -76,9 +87,9 @@ class Run:
                 # A process group of its own: a terminal's Ctrl-C meant for this Python (a
                 # `wait()` interrupted) does not stop the run; `stop()` does.
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "rlfleet", *argv], stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(read_end,),
-                    process_group=0)
+                    [sys.executable, "-m", "rlfleet.api_child", str(options_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    pass_fds=(read_end,), process_group=0)
         finally:
             os.close(read_end)
         # The write end: closed when this object is collected or this process exits.
@@ -217,26 +228,26 @@ class Run:
         return pd.DataFrame(records)
 
 
-def _overrides(overrides: Overrides) -> list[str]:
+def _overrides(overrides: Overrides) -> tuple[str, ...]:
     """Overrides as the command line's `key=value` items."""
     from rlfleet.shared.run.overrides import format_override
 
     if overrides is None:
-        return []
+        return ()
     if isinstance(overrides, Mapping):
-        return [format_override(k, v) for k, v in overrides.items()]
+        return tuple(format_override(k, v) for k, v in overrides.items())
     if isinstance(overrides, str):
         raise ConfigError("overrides: give a dict or a list of 'key=value' strings, not one "
                           "string")
-    return [str(item) for item in overrides]
+    return tuple(str(item) for item in overrides)
 
 
-def _resolve(config: str | Path | Mapping[str, Any], items: list[str],
-             run_dir: str | Path | None, runs_root: str | Path) -> tuple[str, Path]:
+def _resolve(config: Config, items: tuple[str, ...], run_dir: str | Path | None,
+             runs_root: str | Path) -> tuple[str, Path]:
     """Check the config with its overrides (`ConfigError` naming the field) and choose the
-    run directory; the config as the command reads it (a dict is written into the run
-    directory)."""
-    from rlfleet.shared.run.config import dump_config, load_config, parse_config
+    run directory, not made yet; the config as the child reads it (a dict: the file
+    `_start` writes into the run directory)."""
+    from rlfleet.shared.run.config import load_config, parse_config
 
     if isinstance(config, Mapping):
         cfg = parse_config(dict(config), "config", items)
@@ -244,12 +255,7 @@ def _resolve(config: str | Path | Mapping[str, Any], items: list[str],
         cfg = load_config(config, items)
     path = Path(run_dir) if run_dir is not None else _fresh_dir(Path(runs_root), cfg.name)
     path = path.resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    if isinstance(config, Mapping):
-        source = path / SOURCE_CONFIG
-        source.write_text(dump_config(dict(config)))
-        return str(source), path
-    return str(config), path
+    return str(path / SOURCE_CONFIG if isinstance(config, Mapping) else config), path
 
 
 def _fresh_dir(root: Path, name: str) -> Path:
@@ -263,44 +269,48 @@ def _fresh_dir(root: Path, name: str) -> Path:
     return path
 
 
-def _options(**options: Any) -> list[str]:
-    argv: list[str] = []
-    for name, value in options.items():
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    return argv
+def _start(kind: str, options: CommandOptions, config: Config, path: Path,
+           url: str | None) -> Run:
+    """Make the run directory (with a config given as a dict, as `source-config.yaml`) and
+    start the run's child: everything was checked before."""
+    from rlfleet.shared.run.config import dump_config
+
+    path.mkdir(parents=True, exist_ok=True)
+    if isinstance(config, Mapping):
+        (path / SOURCE_CONFIG).write_text(dump_config(dict(config)))
+    return Run(kind, options, path, url)
 
 
-def up(config: str | Path | Mapping[str, Any], *, collectors: int = 2,
-       learners: int | None = None, overrides: Overrides = None, seed: int | None = None,
-       storage: str | None = None, run_dir: str | Path | None = None,
-       runs_root: str | Path = "runs", port: int | None = None,
-       max_wall_s: float | None = None, max_env_steps: int | None = None,
-       max_restarts: int = 10) -> Run:
+def up(config: Config, *, collectors: int = 2, learners: int | None = None,
+       overrides: Overrides = None, seed: int | None = None, storage: str | None = None,
+       run_dir: str | Path | None = None, runs_root: str | Path = "runs",
+       port: int | None = None, max_wall_s: float | None = None,
+       max_env_steps: int | None = None, max_restarts: int = 10) -> Run:
     """Start a local cluster (`rlfleet up`) and return at once. `config`: a YAML path, the
     name of a packaged config (`"cartpole-dqn"`), or the config as a dict; `overrides`: a
     dict (`{"algo.lr": 3e-4}`) or `key=value` strings, as on the command line. Raises
-    `ConfigError` naming the field for a config that cannot run."""
+    `ConfigError` naming the field for a config or an option that cannot run."""
+    from rlfleet.local.options import LaunchOptions
     from rlfleet.ports import free_port
 
     items = _overrides(overrides)
     source, path = _resolve(config, items, run_dir, runs_root)
     port = port or free_port()
-    argv = ["up", "--config", source, "--run-dir", str(path), "--port", str(port),
-            "--collectors", str(collectors),
-            *_options(learners=learners, seed=seed, storage=storage, max_wall_s=max_wall_s,
-                      max_env_steps=max_env_steps, max_restarts=max_restarts),
-            "--", *items]
-    return Run("up", argv, path, f"http://127.0.0.1:{port}")
+    options = LaunchOptions.checked(
+        config=source, overrides=items, run_dir=str(path), port=port, collectors=collectors,
+        learners=learners, seed=seed, storage=storage, max_wall_s=max_wall_s,
+        max_env_steps=max_env_steps, max_restarts=max_restarts)
+    return _start("up", options, config, path, f"http://127.0.0.1:{port}")
 
 
-def single(config: str | Path | Mapping[str, Any], *, overrides: Overrides = None,
-           seed: int | None = None, run_dir: str | Path | None = None,
-           runs_root: str | Path = "runs") -> Run:
+def single(config: Config, *, overrides: Overrides = None, seed: int | None = None,
+           run_dir: str | Path | None = None, runs_root: str | Path = "runs") -> Run:
     """Train in one process (`rlfleet single`: no HTTP, no storage) and return at once; the
     same `Run` as `up` gives, with its evaluations in the run directory's `metrics.jsonl`."""
+    from rlfleet.commands.single import SingleOptions
+
     items = _overrides(overrides)
     source, path = _resolve(config, items, run_dir, runs_root)
-    argv = ["single", "--config", source, "--run-dir", str(path), *_options(seed=seed),
-            "--", *items]
-    return Run("single", argv, path, None)
+    options = SingleOptions.checked(config=source, overrides=items, seed=seed,
+                                    run_dir=str(path))
+    return _start("single", options, config, path, None)

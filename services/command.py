@@ -15,7 +15,9 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlfleet.shared.contract.config import ConfigError
 
@@ -141,6 +143,34 @@ class EnvFlag(argparse.Action):
         setattr(namespace, self.dest, True)
 
 
+class CommandOptions(BaseModel):
+    """A long command's options as one typed, frozen object: what its handler takes, whether
+    the command line built it from parsed options or the Python API from keyword arguments,
+    and what the API hands its child process (as JSON: `rlfleet.api_child`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def checked(cls, **fields: Any) -> Self:
+        """The options from `fields`; a value the model refuses raises `ConfigError` naming
+        the field (`collectors='x': ...`), before anything starts."""
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            raise ConfigError(options_error(err)) from None
+
+
+def options_error(err: ValidationError) -> str:
+    """A refused option, one line per problem: `field=value: why`, or, for a rule across
+    fields, its message (which names the field)."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in e["loc"])
+        lines.append(f"{loc}={e.get('input')!r}: {msg}" if loc else msg)
+    return "\n".join(lines)
+
+
 def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None
                   ) -> argparse.Namespace:
     """`parser.parse_args(argv)`, with a command's `KEY=VALUE` overrides anywhere after its
@@ -201,18 +231,24 @@ def check_environment(command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed command (`args.func`); its exit code. A `ConfigError` is the user's to
-    mend: one line and exit 2, no traceback. Any error is recorded for the supervisor that
-    started this process before it ends it."""
+    """Run a parsed command (`args.func`); its exit code, as `run_command` gives it."""
+    return run_command(args.command, lambda: args.func(args))
+
+
+def run_command(command: str, start: Callable[[], int]) -> int:
+    """Run `command` (`start` runs it: from a parsed command line, or from the options the
+    Python API handed its child); its exit code. A `ConfigError` is the user's to mend: one
+    line and exit 2, no traceback. Any error is recorded for the supervisor that started this
+    process before it ends it."""
     try:
-        check_environment(args.command)
-        return args.func(args)
+        check_environment(command)
+        return start()
     except ConfigError as err:
-        print(f"rlfleet {args.command}: {err}", file=sys.stderr)
-        record_crash(err, args.command)
+        print(f"rlfleet {command}: {err}", file=sys.stderr)
+        record_crash(err, command)
         return 2
     except Exception as err:
-        record_crash(err, args.command)
+        record_crash(err, command)
         raise
 
 

@@ -18,11 +18,11 @@ children are forked: forks of a process with either are unsound.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from rlfleet.local.children import Child, ChildFailed
 from rlfleet.local.children import die_with_parent as _die_with_parent
+from rlfleet.local.options import LaunchOptions
 from rlfleet.local.plan import make_plan
 from rlfleet.local.precheck import check_config
 from rlfleet.local.progress import Progress
@@ -32,23 +32,23 @@ from rlfleet.local.supervisor import LocalCluster, RestartsExhausted, StopSignal
 from rlfleet.local.watch import Watch, wish_collectors
 
 # What scripts and tests import from here.
-__all__ = ["Child", "ChildFailed", "LocalCluster", "RestartsExhausted", "_die_with_parent",
-           "check_config", "up"]
+__all__ = ["Child", "ChildFailed", "LaunchOptions", "LocalCluster", "RestartsExhausted",
+           "_die_with_parent", "check_config", "up"]
 
 
-def up(args: argparse.Namespace) -> int:
-    """`rlfleet up`, or `rlfleet resume` where `args.resume` is set; the exit code: 0 solved,
-    3 stopped unsolved, 1 crashed, 130 interrupted (2, before anything starts, for a config
-    that cannot run)."""
-    startup = Startup(first_chunk=not getattr(args, "resume", False))
+def up(options: LaunchOptions) -> int:
+    """`rlfleet up`, or `rlfleet resume` where `options.resume` is set; the exit code: 0
+    solved, 3 stopped unsolved, 1 crashed, 130 interrupted (2, before anything starts, for a
+    config that cannot run)."""
+    startup = Startup(first_chunk=not options.resume)
     signals = StopSignals.from_environment()  # before the children copy the environment
-    plan = make_plan(args)
+    plan = make_plan(options)
     startup.mark("config_checked")
     cluster = LocalCluster(plan.config_path, plan.run_dir, plan.storage,
                            collector_nice=plan.collector_nice, resume=plan.resume,
                            max_restarts=plan.max_restarts, fork=True)
     started = time.monotonic()
-    progress = Progress(quiet=args.quiet)  # prints nothing (imports no rich) before the forks
+    progress = Progress(quiet=options.quiet)  # prints nothing (imports no rich) before the forks
     signals.install()
     watch = Watch(cluster, progress, signals, startup)
     ending = Ending()

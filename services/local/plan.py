@@ -1,15 +1,14 @@
-"""What `rlfleet up` or `rlfleet resume` starts, decided before anything starts: the run's
-resolved config, its run directory and storage, how many collectors and learners, and on
-which port the coordinator serves (`Plan`). Making the plan checks the config (exit 2 and one
-line naming the field, before any child exists) and writes what the run directory keeps of
-it: `config.yaml`, the resolved config every child reads (the command line's `KEY=VALUE`
-overrides applied), and `launch.json`, the worker counts a resume of a run killed before its
-summary starts again with.
+"""What `rlfleet up` or `rlfleet resume` starts, decided from its `LaunchOptions` before
+anything starts: the run's resolved config, its run directory and storage, how many
+collectors and learners, and on which port the coordinator serves (`Plan`). Making the plan
+checks the config (exit 2 and one line naming the field, before any child exists) and writes
+what the run directory keeps of it: `config.yaml`, the resolved config every child reads (the
+launch's `KEY=VALUE` overrides applied), and `launch.json`, the worker counts a resume of a
+run killed before its summary starts again with.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from rlfleet.local.options import DEFAULT_COLLECTORS, LaunchOptions
 from rlfleet.local.precheck import check_config
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import (
@@ -32,7 +32,6 @@ from rlfleet.shared.run.overrides import apply_overrides, parse_overrides, touch
 
 CONFIG_FILE = "config.yaml"  # the resolved config, in the run directory
 LAUNCH_FILE = "launch.json"  # the worker counts a run was started with
-DEFAULT_COLLECTORS = 2  # a resumed run that left no record of its own count
 
 # What a resume may not change, and why: what the run's storage, snapshot and checkpoints
 # were made for. Anything else (the learning rate, the stop rules, evaluation, logging, the
@@ -54,12 +53,12 @@ RESUME_FIXED = {
 @dataclass(frozen=True)
 class Plan:
     """A run about to start. `config` is what `config_path` holds: the file's config with
-    the command line's seed, budget and learner count, the run's name (its directory's, unique
+    the launch's seed, budget and learner count, the run's name (its directory's, unique
     per run, so a shared Redis never mixes runs) and its storage."""
 
     config: RunConfig
     config_path: Path     # <run_dir>/config.yaml
-    config_named: str     # the config as the command line named it (summary.json: config)
+    config_named: str     # the config as the launch named it (summary.json: config)
     run_dir: Path
     storage: str          # with any password redacted (the children get it from the env)
     collectors: int
@@ -71,7 +70,7 @@ class Plan:
     port: int | None = None  # the coordinator's on 127.0.0.1; None: a free one
     collector_nice: int = 0
     max_restarts: int = 0
-    overrides: tuple[str, ...] = ()  # the command line's KEY=VALUE items, applied
+    overrides: tuple[str, ...] = ()  # the launch's KEY=VALUE items, applied
 
     def headline(self) -> str:
         """The launcher's first line (rich markup), and the overrides applied on a second."""
@@ -86,55 +85,55 @@ class Plan:
         return line
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """The plan of `rlfleet up` (or, with `args.resume`, of `rlfleet resume`), its config
+def make_plan(options: LaunchOptions) -> Plan:
+    """The plan of `rlfleet up` (or, with `options.resume`, of `rlfleet resume`), its config
     checked and its files written to the run directory. Raises `ConfigError`."""
-    plan = _resume(args) if getattr(args, "resume", False) else _up(args)
+    plan = _resume(options) if options.resume else _up(options)
     (plan.run_dir / LAUNCH_FILE).write_text(json.dumps(
         {"collectors": plan.collectors, "learners": plan.learners_given}))
     return plan
 
 
-def _overrides(args: argparse.Namespace) -> tuple[str, ...]:
-    return tuple(getattr(args, "overrides", None) or ())
-
-
-def _up(args: argparse.Namespace) -> Plan:
-    overrides = _overrides(args)
-    cfg = load_config(args.config, overrides)
-    check_config(cfg, args.config, devices=getattr(args, "local_devices", True))
+def _up(options: LaunchOptions) -> Plan:
+    assert options.config is not None  # `LaunchOptions` requires it of a new run
+    overrides = options.overrides
+    cfg = load_config(options.config, overrides)
+    check_config(cfg, options.config, devices=options.local_devices)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
+    run_dir = Path(options.run_dir or Path("runs") / f"{cfg.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    storage = hold_password(args.storage or cfg.storage or str(run_dir / "storage"))
+    storage = hold_password(options.storage or cfg.storage or str(run_dir / "storage"))
     learner = None
-    if args.learners is not None:  # validated like the file's learner.count
-        learner = {**cfg.learner.model_dump(), "count": args.learners}
-    cfg = cfg.with_overrides(seed=args.seed, name=run_dir.name[:64], storage=storage,
-                             stop=_budget(cfg, args), learner=learner)
+    if options.learners is not None:  # validated like the file's learner.count
+        learner = {**cfg.learner.model_dump(), "count": options.learners}
+    cfg = cfg.with_overrides(seed=options.seed, name=run_dir.name[:64], storage=storage,
+                             stop=_budget(cfg, options), learner=learner)
     data = absolute_paths(cfg.model_dump(mode="json"), run_dir)
     config_path = run_dir / CONFIG_FILE
     config_path.write_text(dump_config(data))
     config = parse_config(data, str(config_path))
-    return Plan(config=config, config_path=config_path, config_named=str(args.config),
-                run_dir=run_dir, storage=storage, collectors=args.collectors,
-                learners=config.learner.count if args.learners is None else args.learners,
-                learners_given=args.learners, port=args.port,
-                collector_nice=args.collector_nice, max_restarts=args.max_restarts,
+    collectors = DEFAULT_COLLECTORS if options.collectors is None else options.collectors
+    return Plan(config=config, config_path=config_path, config_named=options.config,
+                run_dir=run_dir, storage=storage, collectors=collectors,
+                learners=config.learner.count if options.learners is None
+                else options.learners,
+                learners_given=options.learners, port=options.port,
+                collector_nice=options.collector_nice, max_restarts=options.max_restarts,
                 overrides=overrides)
 
 
-def _resume(args: argparse.Namespace) -> Plan:
+def _resume(options: LaunchOptions) -> Plan:
     """A run directory `rlfleet up` made: its resolved config names the run and its storage,
     where the coordinator's snapshot and the learner's checkpoints are. Counts not given are
     the run's last (summary.json is written as a run ends; a run killed before then left
     launch.json); the coordinator restores the last `rlfleet scale` wish besides."""
-    run_dir = Path(args.run_dir).resolve()
+    assert options.run_dir is not None  # `LaunchOptions` requires it of a resume
+    run_dir = Path(options.run_dir).resolve()
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
     cfg = load_config(config_path)
-    overrides = _overrides(args)
+    overrides = options.overrides
     if overrides:
         try:
             changed = load_config(config_path, overrides)
@@ -146,24 +145,24 @@ def _resume(args: argparse.Namespace) -> Plan:
         cfg = parse_config(absolute_paths(changed.model_dump(mode="json"), run_dir),
                            str(config_path))
     check_config(cfg, config_path)
-    stop = _budget(cfg, args)
+    stop = _budget(cfg, options)
     if stop != cfg.stop.model_dump() or overrides:
         cfg = cfg.with_overrides(stop=stop)
         config_path.write_text(dump_config(cfg.model_dump(mode="json")))
     previous = next((p for p in (run_dir / "summary.json", run_dir / LAUNCH_FILE)
                      if p.is_file()), None)
     before = json.loads(previous.read_text()) if previous is not None else {}
-    collectors = (args.collectors if args.collectors is not None
+    collectors = (options.collectors if options.collectors is not None
                   else before.get("collectors", DEFAULT_COLLECTORS))
-    learners = args.learners if args.learners is not None else before.get("learners")
+    learners = options.learners if options.learners is not None else before.get("learners")
     assert cfg.storage is not None  # `up` always writes the storage it used
     storage = hold_password(cfg.storage)
     return Plan(config=cfg, config_path=config_path, config_named=str(config_path),
                 run_dir=run_dir, storage=storage, collectors=collectors,
                 learners=cfg.learner.count if learners is None else learners,
                 learners_given=learners, resume=True,
-                replaces_wish=args.collectors is not None, port=args.port,
-                collector_nice=args.collector_nice, max_restarts=args.max_restarts,
+                replaces_wish=options.collectors is not None, port=options.port,
+                collector_nice=options.collector_nice, max_restarts=options.max_restarts,
                 overrides=overrides)
 
 
@@ -180,13 +179,13 @@ def refuse_fixed(before: dict, after: dict, overrides: tuple[str, ...]) -> None:
                           "instead")
 
 
-def _budget(cfg: RunConfig, args: argparse.Namespace) -> dict:
-    """The config's stop rules with the command line's budget in place of its own."""
+def _budget(cfg: RunConfig, options: LaunchOptions) -> dict:
+    """The config's stop rules with the launch's budget in place of its own."""
     stop = cfg.stop.model_dump()
-    if args.max_wall_s:
-        stop["max_wall_s"] = args.max_wall_s
-    if args.max_env_steps:
-        stop["max_env_steps"] = args.max_env_steps
+    if options.max_wall_s:
+        stop["max_wall_s"] = options.max_wall_s
+    if options.max_env_steps:
+        stop["max_env_steps"] = options.max_env_steps
     return stop
 
 

@@ -20,7 +20,6 @@ time limit, does the same and then requeues the job, so the run goes on in a new
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rlfleet import run_summary
 from rlfleet.ports import free_port
 from rlfleet.serve import InProcessServer
 from rlfleet.shared.contract.wire.base import API
@@ -230,37 +230,31 @@ def finish(plan: SlurmPlan, keeper: Keeper, rv: Rendezvous) -> None:
     rendezvous.write(plan.run_dir, rv.model_copy(update={"ended": True}))
 
 
+# summary.json's keys for a Slurm run: those of `rlfleet up` it has, and its own figures
+# counted from the submission.
+SUMMARY_KEYS = (
+    "solved", "outcome", "stop_reason", "eval_return", "best_eval_return",
+    "best_policy_version", "stop_value", "env_steps", "train_iterations", "policy_version",
+    "chunks_accepted", "episodes", "run_seconds", "first_chunk_seconds",
+    "first_chunk_s_from_submit", "solve_s_from_submit", "wall_seconds_from_submit",
+    "collectors", "learners", "storage", "slurm", "train",
+)
+
+
 def write_summary(plan: SlurmPlan, client: HttpClient, rv: Rendezvous) -> None:
     """`summary.json` and `evaluations.json`, with the keys `rlfleet up` writes that a Slurm
     run has, and when its first chunk came counted from the submission."""
-    from rlfleet.local.summary import EVALUATIONS_FILE, SUMMARY_FILE, evaluation_history
-
     run_dir = Path(plan.run_dir)
     try:
         s = client.get(f"{API}/status")
-        evaluations = evaluation_history(client)
+        evaluations = run_summary.evaluation_history(client)
     except HttpError as err:
         log.error("summary not written: %s", err)
         return
-    (run_dir / EVALUATIONS_FILE).write_text(json.dumps(evaluations, indent=2))
-    run, counters = s.get("run", {}), s.get("counters", {})
-    latest, best = s.get("latest_evaluation") or {}, s.get("best_evaluation") or {}
+    run_summary.write_evaluations(run_dir, evaluations)
+    run = s.get("run", {})
     first = run.get("first_chunk_s")
-    summary = {
-        "solved": bool(run.get("solved", False)),
-        "outcome": "solved" if run.get("solved") else "stopped",
-        "stop_reason": run.get("stop_reason"),
-        "eval_return": latest.get("return_mean"),
-        "best_eval_return": best.get("return_mean"),
-        "best_policy_version": best.get("policy_version"),
-        "stop_value": run.get("stop_value"),
-        "env_steps": counters.get("env_steps", 0),
-        "train_iterations": counters.get("train_iterations", 0),
-        "policy_version": counters.get("policy_version", -1),
-        "chunks_accepted": counters.get("chunks_accepted", 0),
-        "episodes": counters.get("episodes", 0),
-        "run_seconds": run.get("wall_seconds"),
-        "first_chunk_seconds": first,
+    run_summary.write_summary(run_dir, run_summary.build_summary(SUMMARY_KEYS, s, {
         # seconds from `rlfleet slurm submit` to the first chunk, through the queue
         "first_chunk_s_from_submit": (round(rv.started_at - plan.submitted_at + first, 3)
                                       if first is not None and plan.submitted_at else None),
@@ -274,9 +268,7 @@ def write_summary(plan: SlurmPlan, client: HttpClient, rv: Rendezvous) -> None:
         "storage": rv.storage,
         "slurm": {"tag": plan.tag, "coordinator_job": rv.job_id, "node": rv.node,
                   "restart_count": rv.restart_count},
-        "train": s.get("train", {}),
-    }
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    }))
 
 
 # -- a learner's or a collector's job ----------------------------------------------------------

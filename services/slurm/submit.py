@@ -32,18 +32,18 @@ POLL_S = 3.0
 
 def build_plan(args: argparse.Namespace) -> SlurmPlan:
     """The run directory and its config, as `rlfleet up` writes them, and the Slurm plan."""
+    from rlfleet.local.options import LaunchOptions
     from rlfleet.local.plan import make_plan
     from rlfleet.shared.contract.config import cuda_devices_needed
 
     if args.collectors < 0:
         raise ConfigError(f"--collectors={args.collectors}: give 0 or more")
-    up = argparse.Namespace(config=args.config, overrides=args.overrides,
-                            run_dir=args.run_dir, storage=args.storage,
-                            learners=args.learners, seed=args.seed,
-                            max_wall_s=args.max_wall_s, max_env_steps=args.max_env_steps,
-                            collectors=args.collectors, port=None, collector_nice=0,
-                            max_restarts=0, local_devices=False)
-    local = make_plan(up)
+    # The nodes' devices are the run's, not this machine's; Slurm restarts the jobs.
+    local = make_plan(LaunchOptions.checked(
+        config=args.config, overrides=tuple(args.overrides), run_dir=args.run_dir,
+        storage=args.storage, learners=args.learners, seed=args.seed,
+        max_wall_s=args.max_wall_s, max_env_steps=args.max_env_steps,
+        collectors=args.collectors, collector_nice=0, max_restarts=0, local_devices=False))
     cfg = local.config
     if cuda_devices_needed(cfg.learner.device) and not args.learner_gpus:
         raise ConfigError(f"learner.device={cfg.learner.device!r} asks for a GPU but "
@@ -199,7 +199,10 @@ def coordinator_url(run_dir: str) -> str:
     return rv.url
 
 
-def add_slurm_parser(sub: argparse._SubParsersAction, overrides_option) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`rlfleet slurm submit|cancel|job`."""
+    from rlfleet.commands.arguments import overrides_option
+
     s = sub.add_parser("slurm", help="run on a Slurm cluster: submit a run, cancel it")
     ss = s.add_subparsers(dest="slurm_command", required=True)
 

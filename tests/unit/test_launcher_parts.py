@@ -1,13 +1,17 @@
 """The pieces `rlfleet up` wires, without a cluster: how a run's end becomes summary.json and
-the exit code (`services/local/summary.py`), the crash report on the console and the stop signals
-(`services/local/supervisor.py`), the progress line (`services/local/progress.py`) and the start-up
-figures (`services/local/startup.py`). The whole of `up` runs in tests/integration/test_up.py."""
+the exit code (`services/local/summary.py`, built as a Slurm run's is:
+`services/run_summary.py`), the crash report on the console and the stop signals
+(`services/local/supervisor.py`), the progress line (`services/local/progress.py`) and the
+start-up figures (`services/local/startup.py`). The whole of `up` runs in
+tests/integration/test_up.py."""
 
 from __future__ import annotations
 
 import json
 import signal
 from pathlib import Path
+
+import pytest
 
 from rlfleet.local.children import Child, ChildFailed
 from rlfleet.local.forking import ForkedChild
@@ -16,6 +20,7 @@ from rlfleet.local.progress import progress_text
 from rlfleet.local.startup import Startup
 from rlfleet.local.summary import Ending, closing_line, summarise, write_summary
 from rlfleet.local.supervisor import RestartsExhausted, SameCrash, StopSignals, crash_report
+from rlfleet.run_summary import build_summary
 from rlfleet.shared.infra.crash import write_crash
 from rlfleet.shared.run.config import load_config
 
@@ -100,6 +105,36 @@ def test_a_run_never_seen_running_still_leaves_a_summary(tmp_path):
     assert summary["env_steps"] == 0 and summary["policy_version"] == -1
     assert summary["first_chunk_s_from_launch"] is None and summary["startup_s"] == {}
     assert "eval_return=- " in closing_line(tmp_path / "s.json", summary)
+
+
+# A Slurm run's summary.json: the keys of `rlfleet up` it has, and its own.
+SLURM_SUMMARY_KEYS = [
+    "solved", "outcome", "stop_reason", "eval_return", "best_eval_return",
+    "best_policy_version", "stop_value", "env_steps", "train_iterations", "policy_version",
+    "chunks_accepted", "episodes", "run_seconds", "first_chunk_seconds",
+    "first_chunk_s_from_submit", "solve_s_from_submit", "wall_seconds_from_submit",
+    "collectors", "learners", "storage", "slurm", "train",
+]
+
+
+def test_a_slurm_run_is_summarised_by_the_same_builder_with_its_own_keys(tmp_path):
+    from rlfleet.slurm.jobs import SUMMARY_KEYS as SLURM_KEYS
+
+    slurm = {"first_chunk_s_from_submit": 9.5, "solve_s_from_submit": 20.5,
+             "wall_seconds_from_submit": 30.0, "collectors": 3, "learners": 2,
+             "storage": "redis://n1:6379/0", "slurm": {"tag": "t"}}
+    summary = build_summary(SLURM_KEYS, STATUS, slurm)
+    assert list(summary) == SLURM_SUMMARY_KEYS
+    assert summary["outcome"] == "solved" and summary["collectors"] == 3
+    local = summarise(STATUS, Ending.stopped(solved=True), 1.0, a_plan(tmp_path / "run"), {},
+                      Startup(first_chunk=False))
+    for key in set(SLURM_SUMMARY_KEYS) & set(SUMMARY_KEYS) - set(slurm):
+        assert summary[key] == local[key], key
+    # A value the launcher gives must have its key; a key must have a value.
+    with pytest.raises(KeyError, match="wall_seconds"):
+        build_summary(SLURM_KEYS, STATUS, {**slurm, "wall_seconds": 1.0})
+    with pytest.raises(KeyError, match="slurm"):
+        build_summary(SLURM_KEYS, STATUS, {k: v for k, v in slurm.items() if k != "slurm"})
 
 
 def test_a_child_past_its_restarts_ends_the_run_with_its_error_and_log(tmp_path):

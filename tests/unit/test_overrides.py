@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import build_parser
+from rlfleet.commands.launch import resume_options, up_options
 from rlfleet.local.plan import make_plan
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.run.config import load_config, parse_config
@@ -161,9 +162,7 @@ def test_apply_overrides_leaves_the_data_it_was_given():
 
 def plan_of(*argv: str):
     args = build_parser().parse_args(argv)
-    if args.command == "resume":
-        args.resume = True  # as `rlfleet resume` sets it
-    return make_plan(args)
+    return make_plan(resume_options(args) if args.command == "resume" else up_options(args))
 
 
 def test_up_writes_the_overridden_config_to_the_run_directory(tmp_path: Path):

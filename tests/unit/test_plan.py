@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rlfleet.cli import build_parser
+from rlfleet.commands.launch import resume_options, up_options
 from rlfleet.local.plan import LAUNCH_FILE, Plan, make_plan
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage.credentials import PASSWORD_ENV
@@ -24,9 +25,7 @@ CONFIG = REPO / "configs" / "cartpole-dqn.yaml"
 
 def plan_of(*argv: str) -> Plan:
     args = build_parser().parse_args(argv)
-    if args.command == "resume":
-        args.resume = True  # as `rlfleet resume` sets it
-    return make_plan(args)
+    return make_plan(resume_options(args) if args.command == "resume" else up_options(args))
 
 
 def write_config(path: Path, **sections: dict) -> Path:
