@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from rlfleet.shared.contract.algo import AlgoConfig
@@ -25,6 +26,27 @@ ActionSpace = Literal["discrete", "continuous"]
 SAMPLED_KINDS = frozenset({"uniform", "prioritized", "episode", "sequence", "dataset"})
 
 
+class Learning(StrEnum):
+    """How an algorithm learns; the learner runs the training loop of its kind.
+
+    - `ON_POLICY`: whole rollouts of one queue buffer, each learned from once, a version
+      published after each (PPO, APPO);
+    - `OFF_POLICY`: batches sampled from replay buffers that collectors keep filling (DQN,
+      SAC, R2D2);
+    - `OFFLINE`: batches sampled from data that is there before the run starts, datasets
+      (BC, CQL); collectors, if any, only evaluate.
+    """
+
+    ON_POLICY = "on-policy"
+    OFF_POLICY = "off-policy"
+    OFFLINE = "offline"
+
+    @classmethod
+    def of_policy(cls, on_policy: bool) -> Learning:
+        """The kind of a user's policy (`algo.policy`), which says only `on_policy`."""
+        return cls.ON_POLICY if on_policy else cls.OFF_POLICY
+
+
 def no_warmup(cfg: Any) -> int:
     return 0
 
@@ -35,8 +57,9 @@ class AlgoSpec:
 
     - `config`: its pydantic settings (with `name: Literal[<name>]`), beside its code.
     - `policy`: import path of its `Policy` class, built as `cls(cfg.algo, env_spec, seed)`.
-    - `on_policy`: learns from whole chunks of one queue buffer, each once (True), or from
-      transitions sampled from replay buffers (False).
+    - `learning`: how it learns (`Learning`): the learner's loop, and whether it learns
+      from whole chunks of one queue buffer, each once (`on_policy`), or from transitions
+      sampled from replay buffers or datasets.
     - `action_spaces`: the action spaces it can act in.
     - `buffer_kinds`: the buffer kinds `learner.mix` may draw from for it.
     - `capabilities`: the names of the optional capabilities
@@ -53,12 +76,16 @@ class AlgoSpec:
     title: str
     config: type[AlgoConfig]
     policy: str
-    on_policy: bool
+    learning: Learning
     action_spaces: frozenset[ActionSpace]
     buffer_kinds: frozenset[str]
     capabilities: frozenset[str] = frozenset()
     check: Callable[[Any, EnvSpec], None] | None = None
     warmup: Callable[[Any], int] = no_warmup
+
+    @property
+    def on_policy(self) -> bool:
+        return self.learning is Learning.ON_POLICY
 
     def policy_class(self) -> type:
         """The policy class (imports it, and torch with it)."""

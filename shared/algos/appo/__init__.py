@@ -7,7 +7,7 @@ from typing import Any
 
 from rlfleet.shared.algos import ppo
 from rlfleet.shared.algos.appo.config import APPOConfig
-from rlfleet.shared.algos.spec import AlgoSpec
+from rlfleet.shared.algos.spec import AlgoSpec, Learning
 from rlfleet.shared.contract.spec import EnvSpec, is_image
 
 
@@ -20,7 +20,7 @@ def check(cfg: Any, env: EnvSpec) -> None:
 
 SPEC = AlgoSpec(
     name="appo", title="APPO (V-trace)", config=APPOConfig,
-    policy="rlfleet.shared.algos.appo.policy:APPO", on_policy=True,
+    policy="rlfleet.shared.algos.appo.policy:APPO", learning=Learning.ON_POLICY,
     action_spaces=frozenset({"discrete", "continuous"}), buffer_kinds=frozenset({"queue"}),
     capabilities=ppo.SPEC.capabilities, check=check)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet.shared.algos.bc.config import BCConfig
-from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
+from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec, Learning
 
 SPEC = AlgoSpec(
     name="bc", title="behaviour cloning", config=BCConfig,
-    policy="rlfleet.shared.algos.bc.policy:BehaviourCloning", on_policy=False,
+    policy="rlfleet.shared.algos.bc.policy:BehaviourCloning", learning=Learning.OFFLINE,
     action_spaces=frozenset({"discrete", "continuous"}), buffer_kinds=SAMPLED_KINDS,
     capabilities=frozenset({"DataParallel", "SeededActing", "Optimized"}))
 

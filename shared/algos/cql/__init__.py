@@ -7,11 +7,12 @@ from typing import Any
 
 from rlfleet.shared.algos import dqn
 from rlfleet.shared.algos.cql.config import CQLConfig
-from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
+from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec, Learning
 
 SPEC = AlgoSpec(
     name="cql", title="CQL", config=CQLConfig, policy="rlfleet.shared.algos.cql.policy:CQL",
-    on_policy=False, action_spaces=frozenset({"discrete"}), buffer_kinds=SAMPLED_KINDS,
+    learning=Learning.OFFLINE, action_spaces=frozenset({"discrete"}),
+    buffer_kinds=SAMPLED_KINDS,
     capabilities=dqn.SPEC.capabilities)
 
 

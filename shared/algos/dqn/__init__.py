@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet.shared.algos.dqn.config import DQNConfig
-from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
+from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec, Learning
 
 
 def warmup(cfg: Any) -> int:
@@ -22,7 +22,8 @@ def warmup(cfg: Any) -> int:
 
 SPEC = AlgoSpec(
     name="dqn", title="DQN", config=DQNConfig, policy="rlfleet.shared.algos.dqn.policy:DQN",
-    on_policy=False, action_spaces=frozenset({"discrete"}), buffer_kinds=SAMPLED_KINDS,
+    learning=Learning.OFF_POLICY, action_spaces=frozenset({"discrete"}),
+    buffer_kinds=SAMPLED_KINDS,
     capabilities=frozenset({"DataParallel", "SeededActing", "Optimized", "QValues",
                             "Placeable", "MixedPrecision", "EpsilonGreedy"}),
     warmup=warmup)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet.shared.algos.ppo.config import PPOConfig
-from rlfleet.shared.algos.spec import AlgoSpec
+from rlfleet.shared.algos.spec import AlgoSpec, Learning
 from rlfleet.shared.contract.spec import EnvSpec, is_image
 
 
@@ -18,7 +18,7 @@ def check(cfg: Any, env: EnvSpec) -> None:
 
 SPEC = AlgoSpec(
     name="ppo", title="PPO", config=PPOConfig, policy="rlfleet.shared.algos.ppo.policy:PPO",
-    on_policy=True, action_spaces=frozenset({"discrete", "continuous"}),
+    learning=Learning.ON_POLICY, action_spaces=frozenset({"discrete", "continuous"}),
     buffer_kinds=frozenset({"queue"}),
     capabilities=frozenset({"DataParallel", "NormalizesObservations", "Optimized",
                             "Placeable", "MixedPrecision"}),

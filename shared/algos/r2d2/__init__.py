@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlfleet.shared.algos.r2d2.config import R2D2Config
-from rlfleet.shared.algos.spec import AlgoSpec
+from rlfleet.shared.algos.spec import AlgoSpec, Learning
 from rlfleet.shared.contract.spec import EnvSpec
 
 
@@ -32,7 +32,7 @@ def check(cfg: Any, env: EnvSpec) -> None:
 
 SPEC = AlgoSpec(
     name="r2d2", title="R2D2", config=R2D2Config,
-    policy="rlfleet.shared.algos.r2d2.policy:R2D2", on_policy=False,
+    policy="rlfleet.shared.algos.r2d2.policy:R2D2", learning=Learning.OFF_POLICY,
     action_spaces=frozenset({"discrete"}), buffer_kinds=frozenset({"sequence"}),
     capabilities=frozenset({"DataParallel", "SeededActing", "Optimized", "Placeable",
                             "MixedPrecision", "EpsilonGreedy", "Recurrent"}),

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from rlfleet.shared.algos.sac.config import SACConfig
-from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec
+from rlfleet.shared.algos.spec import SAMPLED_KINDS, AlgoSpec, Learning
 from rlfleet.shared.contract.spec import EnvSpec, is_image
 
 
@@ -35,7 +35,8 @@ def warmup(cfg: Any) -> int:
 
 SPEC = AlgoSpec(
     name="sac", title="SAC", config=SACConfig, policy="rlfleet.shared.algos.sac.policy:SAC",
-    on_policy=False, action_spaces=frozenset({"continuous"}), buffer_kinds=SAMPLED_KINDS,
+    learning=Learning.OFF_POLICY, action_spaces=frozenset({"continuous"}),
+    buffer_kinds=SAMPLED_KINDS,
     capabilities=frozenset({"DataParallel", "NormalizesObservations", "SeededActing",
                             "Optimized", "Placeable", "MixedPrecision"}),
     check=check, warmup=warmup)
