@@ -36,7 +36,7 @@ from rich.table import Table  # noqa: E402
 
 from bench.common import emit, exit_on_signals, fmt, log, parse_args, print_tables, rounded  # noqa: E402
 from rlfleet.coordinator.batch_log import BatchLog  # noqa: E402
-from rlfleet.learner.batch_log import BatchLogTaker  # noqa: E402
+from rlfleet.learner.observe.batch_log import BatchLogTaker  # noqa: E402
 from rlfleet.shared.algos.registry import make_policy  # noqa: E402
 from rlfleet.shared.batching.batching import Batch  # noqa: E402
 from rlfleet.shared.contract.config import BatchLogConfig  # noqa: E402

@@ -16,7 +16,7 @@ rollouts: 16 updates a rollout).
     One `rlfleet learner` process trains on what the coordinator samples; updates/s are the
     coordinator's train-iteration counter over `--seconds` after `--warmup`.
     `learner_utilisation_gpu` is (c) / (a). The learner's `/status` gives the GPU's own
-    shares of its time (CUDA events around each update, `learner/staging.py`): busy in
+    shares of its time (CUDA events around each update, `learner/feed/staging.py`): busy in
     updates, and waiting between them for data (`gpu_wait_fraction`). The on-policy PPO case
     is measured in-process only here; a PPO cluster's figures come from a `rlfleet up` run
     with collectors.

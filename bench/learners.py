@@ -101,7 +101,7 @@ from bench.common import (  # noqa: E402
     rounded,
 )
 from rlfleet.cli import free_port  # noqa: E402
-from rlfleet.learner.group import DistReducer  # noqa: E402
+from rlfleet.learner.group.member import DistReducer  # noqa: E402
 from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn import DQN  # noqa: E402
 from rlfleet.shared.contract.spec import EnvSpec

@@ -58,7 +58,7 @@ from bench.common import (  # noqa: E402
     ratio,
     rounded,
 )
-from rlfleet.learner.feedback import PriorityFeedback  # noqa: E402
+from rlfleet.learner.output.feedback import PriorityFeedback  # noqa: E402
 from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy

@@ -14,7 +14,7 @@ table, `shared/telemetry/rotating.py`), read back as DataFrames by `load_run`:
   per flush it was sampled in); the reader adds them up. A crash loses at most the counts
   since the last flush: they are telemetry, not data anyone acknowledged.
 - `batch_log.jsonl`: per-sample values logged during learning, the rows the learners report
-  (learner/batch_log.py), stamped with the run's env step and the reporting worker.
+  (learner/observe/batch_log.py), stamped with the run's env step and the reporting worker.
 
 Item ids are the buffer's own (`uid`s, ever increasing). Clearing a buffer starts them again
 at 0, so each row also carries `buffer_clears`, how many times its buffer had been cleared:

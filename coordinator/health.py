@@ -1,7 +1,7 @@
 """What a run's user must be told even when every request succeeds: alerts.
 
 Two things go wrong quietly in a running cluster. A learner's loss goes NaN (the learner
-drops such values from its reports and counts them, `learner/metric_window.py`), and the run
+drops such values from its reports and counts them, `learner/observe/metric_window.py`), and the run
 trains on while its curves simply stop; or the learner waits for data for a long time (no
 collector, a rate limit that never opens), which only ever showed as a timer. `RunHealth`
 turns both into alerts: `GET /status`'s `alerts`, which `rlfleet status`, the dashboard and

@@ -2,7 +2,7 @@
 
 The coordinator is the group's aggregator, as DI-engine's `LearnerAggregator` is, but the
 gradients never pass through it: the ranks all-reduce them among themselves
-(torch.distributed, `learner/group.py`). What the coordinator owns is who is in the group
+(torch.distributed, `learner/group/member.py`). What the coordinator owns is who is in the group
 and what data each rank learns from:
 
 - **Generations.** Every change of membership (a learner joins, leaves, dies, registers

@@ -1,17 +1,17 @@
 """The learner service: train on what the coordinator samples, publish policy versions.
 
 `LearnerService` is the glue between the worker plumbing (`shared/worker.py`) and training:
-it accepts the learn task, builds the policy, and runs the training loop of its kind
-(`learner/offpolicy.py`, `learner/onpolicy.py`) in every generation of its learner group
-(`learner/session.py`) until the run ends; `/status` and heartbeats read what those pieces
-count (`learner/training.py`'s `Progress`, `learner/timers.py`). A group of one trains exactly
+it accepts the learn task, builds the policy and the training's parts (`training.py`), and
+runs the loop of its algorithm's kind (`rlfleet.learner.loops`) in every generation of its
+learner group (`learner/group/session.py`) until the run ends, then the hooks' `after_run`
+(on a crash too); `/status` and heartbeats read what those pieces count
+(`training.py`'s `Progress`, `learner/observe/timers.py`). A group of one trains exactly
 as a lone learner. Only the group's publisher (rank 0) publishes policy versions and writes
 checkpoints; every rank reports its own learn-info, which the coordinator merges.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import threading
@@ -20,14 +20,14 @@ from urllib.parse import urlparse
 
 import torch
 
-from rlfleet.learner.checkpoints import CheckpointStore
-from rlfleet.learner.group import GroupMember
-from rlfleet.learner.offpolicy import run_off_policy
-from rlfleet.learner.onpolicy import run_on_policy
+from rlfleet.learner.group.member import GroupMember
+from rlfleet.learner.group.session import GroupSession
+from rlfleet.learner.loops import loop_for
+from rlfleet.learner.observe.batch_log import BatchLogTaker
+from rlfleet.learner.observe.timers import LearnerTimers, UpdateRate
+from rlfleet.learner.output.checkpoints import CheckpointStore
+from rlfleet.learner.output.publisher import Publisher
 from rlfleet.learner.placement import Placement, place
-from rlfleet.learner.publisher import Publisher
-from rlfleet.learner.session import GroupSession
-from rlfleet.learner.timers import LearnerTimers, UpdateRate
 from rlfleet.learner.training import Progress, Training
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.registry import make_policy
@@ -37,7 +37,7 @@ from rlfleet.shared.contract.wire.base import Role
 from rlfleet.shared.contract.wire.membership import HeartbeatResponse
 from rlfleet.shared.contract.wire.tasks import LearnTask, TaskAccepted, TaskEnvelope
 from rlfleet.shared.envs.make import run_spec
-from rlfleet.shared.infra.storage import open_storage
+from rlfleet.shared.infra.storage import Storage, open_storage
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService
 
@@ -115,34 +115,36 @@ class LearnerService(WorkerService):
         seed = self.task.seed
         policy = self._build_policy(cfg, seed)
         self.placement = placement = place(policy, cfg.learner)  # learner.device, .precision
-        queues = [p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue"]
         storage = open_storage(self.storage_url, cfg.name)
         try:
-            ck = cfg.checkpoint
-            checkpoints = CheckpointStore(
-                storage, ck.prefix, ck.keep_last,
-                {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name}, ck.dir)
-            training = Training(cfg, policy, storage, self.storage_url, seed, self.agent,
-                                self._closing, self.publisher, self.session, self.timers,
-                                self.progress, checkpoints, placement=placement)
-            self.training = training
-            training.resume()
-            training.hooks.before_run()
+            self.training = training = self._training(cfg, policy, storage, seed, placement)
+            loop = loop_for(training)  # its built-in hooks and the user's, added
+            training.resume()  # the policy's and the hooks' state from the last checkpoint
             host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
             self.session.open(GroupMember(host, cfg.learner.group_port,
                                           cfg.learner.collective_timeout_s,
                                           device=placement.device))
-            train = (functools.partial(run_on_policy, training, queues[0]) if policy.on_policy
-                     else functools.partial(run_off_policy, training))
             try:
-                self.session.run(policy, storage, training.formed, train)
-            except Exception:  # what it learned since the last checkpoint is kept first
-                training.checkpoint_on_the_way_down()
+                self.session.run(policy, storage, loop.formed, loop.run_generation)
+            except Exception as err:  # what it learned since the last checkpoint is kept
+                training.hooks.after_run(crashed=err)
                 raise
-            training.finish()
+            training.hooks.after_run()
         finally:
             self.session.close()
             storage.close()
+
+    def _training(self, cfg: RunConfig, policy: Policy, storage: Storage, seed: int,
+                  placement: Placement) -> Training:
+        ck = cfg.checkpoint
+        checkpoints = CheckpointStore(
+            storage, ck.prefix, ck.keep_last,
+            {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name}, ck.dir)
+        training = Training(cfg, policy, storage, self.storage_url, seed, self.agent,
+                            self._closing, self.publisher, self.session, self.timers,
+                            self.progress, checkpoints, placement=placement)
+        training.outbox.batch_log = BatchLogTaker(cfg.logging.batch_log)
+        return training
 
     def on_heartbeat(self, hb: HeartbeatResponse) -> None:
         self.session.on_heartbeat(hb)
@@ -185,7 +187,7 @@ class LearnerService(WorkerService):
     def device_status(self) -> dict[str, Any] | None:
         """`/status`'s `device`: where and in what precision this learner trains; on a GPU
         its memory in use, and the shares of the GPU's time in updates and waiting for
-        data (from CUDA events: `learner/staging.py`) since the learner started."""
+        data (from CUDA events: `learner/feed/staging.py`) since the learner started."""
         if self.placement is None:
             return None
         out = self.placement.status()

@@ -1,7 +1,7 @@
 """`rlfleet checkpoints RUN_DIR`: the checkpoints a run's learner kept, and one of them in use.
 
 A run's checkpoints are in its storage (the run directory's `storage/`, or the Redis its
-`config.yaml` names), listed by the learner's checkpoint index (`learner/checkpoints.py`):
+`config.yaml` names), listed by the learner's checkpoint index (`learner/output/checkpoints.py`):
 oldest first, the newest `checkpoint.keep_last` plus the one kept as the best. For each one
 the listing reads the checkpoint's own header back: its train iteration, policy version, the
 time it was saved, its size and its metadata strings (`run`, `algo` and whatever
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlfleet.learner.checkpoints import CheckpointInfo, read_index
+from rlfleet.learner.output.checkpoints import CheckpointInfo, read_index
 from rlfleet.shared.contract.codec import CodecError, read_metadata
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage import Storage, StorageError, open_storage

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from rlfleet.coordinator.evaluation import battle_rates
-from rlfleet.learner.feedback import PriorityFeedback
-from rlfleet.learner.rollouts import concat_chunks
+from rlfleet.learner.feed.rollouts import concat_chunks
+from rlfleet.learner.output.feedback import PriorityFeedback
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import EpsilonGreedy
 from rlfleet.shared.algos.registry import make_policy

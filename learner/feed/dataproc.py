@@ -1,24 +1,20 @@
 """A data process for the learner: sample requests, chunk reads, decoding and batch assembly
-in a process of its own, ready batches in shared memory.
+in a process of its own (`dataproc_child.py`), ready batches in shared memory; this module is
+the learner's handle on it.
 
 With a small network an update takes about a millisecond, and a prefetch thread in the same
 process (JSON, decoding, fancy-indexing) holds the GIL just when the training thread comes
 back from a torch call, so the learner falls well short of the update rate of the same loop
 fed from memory (bench/RESULTS.md). Here the training thread is alone with its GIL. As in
 Sample Factory, the batches never cross a pipe: the data process writes each answer's batches
-into one of a few shared-memory slots (files in /dev/shm, mapped by both processes) and sends
-a one-line JSON message naming the slot and the layout; the learner maps the slot once and
-wraps the rows in torch tensors without a copy. It hands a slot back when it asks for the next
-batches, so the data process can run at most `depth` answers ahead.
+into one of a few shared-memory slots and sends a one-line JSON message naming the slot and
+the layout; the learner maps the slot once and wraps the rows in torch tensors without a
+copy. It hands a slot back when it asks for the next batches, so the data process can run at
+most `depth` answers ahead.
 
-The data process imports no torch, so it starts fast and stays small. It reads its
-settings as one JSON line on stdin and exits when stdin closes, so it never outlives the
-learner. Its stdout carries only messages; its log goes to stderr, the learner's log.
-
-It also stores the policy versions the learner publishes (`learner/weight_relay.py`), which
-takes their encoding and writing off the training process's GIL.
-
-    python -m rlfleet.learner.dataproc   # started by `DataProcess`, never by hand
+The data process also stores the policy versions the learner publishes (`weight_sink`,
+`learner/output/weight_relay.py`), which takes their encoding and writing off the training
+process's GIL.
 """
 
 from __future__ import annotations
@@ -29,274 +25,34 @@ import logging
 import mmap
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
-from rlfleet.learner.sampling import SampleLoop
-from rlfleet.learner.shm import SHM_DIR, new_region
-from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
-from rlfleet.shared.batching.rows import batch_fields, column_rows, part_rows
+from rlfleet.learner.feed.dataproc_child import STATE_KEYS
+from rlfleet.learner.feed.shm import SHM_DIR
+from rlfleet.learner.output.publisher import RelaySink, WeightSink
+from rlfleet.learner.output.weight_relay import RelayClient, RelayUnavailable, WeightRegion
 from rlfleet.shared.batching.transforms import BatchTransforms
-from rlfleet.shared.contract.frames import FRAMES, OBS_STACK, field_layout, stack_index, take
-from rlfleet.shared.contract.wire.sampling import MixShare, SampleResponse
+from rlfleet.shared.contract.wire.sampling import MixShare
+from rlfleet.shared.infra.storage import Storage
 
 log = logging.getLogger("rlfleet.learner")
-
-STATE_KEYS = ("rate_limited", "dropped_responses", "sample_wait_s", "fetch_s", "cursor",
-              "seen_generation", "broken")
 
 
 class DataProcessError(RuntimeError):
     """The data process exited, or could not start."""
 
 
-# -- the data process ---------------------------------------------------------------------
-
-class _Slot:
-    """One shared-memory region the data process writes an answer's batches into."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.path: Path | None = None
-        self.map: mmap.mmap | None = None
-        self.size = 0
-        self.generation = 0
-
-    def ensure(self, size: int) -> None:
-        """A region of at least `size` bytes; a bigger one under a new name if needed (the
-        learner maps it on first sight)."""
-        if self.map is not None and self.size >= size:
-            return
-        self.release()
-        self.generation += 1
-        self.path = SHM_DIR / f"rlfleet-dp-{os.getpid()}-{self.index}-{self.generation}"
-        self.map = new_region(self.path, size)
-        self.size = size
-
-    def release(self) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-
-
-class ShmWriter(SampleLoop):
-    """The sample loop of the data process: each answer into a free slot, one message out."""
-
-    def __init__(self, *args: Any, depth: int, out: IO[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.slots = [_Slot(i) for i in range(depth + 1)]  # +1: the one being learned from
-        self.free: queue.Queue[int] = queue.Queue()
-        for slot in self.slots:
-            self.free.put(slot.index)
-        self.out = out
-        self._out_lock = threading.Lock()
-        self._room: int | None = None  # a free slot, taken before sampling into it
-
-    def assemble(self, resp: SampleResponse, columns: Mapping[str, np.ndarray],
-                 offsets: np.ndarray) -> tuple:
-        return resp, columns, offsets  # written straight into a slot in `hand`
-
-    def wait_room(self) -> bool:
-        while self._room is None and not self._closing.is_set():
-            try:
-                self._room = self.free.get(timeout=0.5)
-            except queue.Empty:
-                continue
-        return self._room is not None
-
-    def hand(self, answer: tuple) -> None:
-        resp, columns, offsets = answer
-        index, self._room = self._room, None
-        assert index is not None
-        t0 = time.perf_counter()
-        message = self._write(self.slots[index], resp, columns, offsets)
-        self.fetch_s += time.perf_counter() - t0
-        self.send({"kind": "batches", **message})
-
-    def _write(self, slot: _Slot, resp: SampleResponse, columns: Mapping[str, np.ndarray],
-               offsets: np.ndarray) -> dict:
-        """Lay out (B, N, ...) arrays per field, plus weights and item ids when a part is
-        prioritized; batch b is row b of each, part p columns [start_p, start_p + n_p)."""
-        num_batches = resp.num_batches
-        flats, starts, total = [], [], 0
-        total_rows, cut = column_rows(columns), columns.get("cut")
-        for part in resp.parts:
-            flat = part_rows(part, offsets, total_rows, cut)
-            flats.append(flat)
-            starts.append(total)
-            total += flat.shape[1]
-        inner = flats[0].shape[2:]  # (L,) for sequence parts
-        layout: dict[str, list] = {}
-        size = 0
-
-        def place(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-            nonlocal size
-            size = (size + 63) // 64 * 64
-            layout[name] = [size, dtype.str, list(shape)]
-            size += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-
-        fields = batch_fields(columns)
-        transforms = self.transforms
-        computed: list[dict[str, np.ndarray]] | None = None
-        if transforms is not None and not all(transforms.plain(p.buffer) for p in resp.parts):
-            fields = transforms.fields(fields)  # n-step, relabelled, rewards set: computed
-            computed = [transforms.gather(columns, flat, fields, part.buffer)
-                        for part, flat in zip(resp.parts, flats, strict=True)]
-        # Stacked frames: obs and next_obs as one (S+1)-frame stack a row (learner/staging.py)
-        stacks = None
-        if computed is None and not inner and "obs" in fields and "next_obs" in fields:
-            stacks = [stack_index(columns, flat) for flat in flats]
-            if any(s is None for s in stacks):
-                stacks = None
-        if stacks is not None:
-            fields = [f for f in fields if f not in ("obs", "next_obs")]
-            frames = columns[FRAMES]
-            place(OBS_STACK, frames.dtype,
-                  (num_batches, total, *stacks[0].shape[2:], *frames.shape[1:]))
-        for f in fields:
-            if computed is None:
-                dtype, row_shape = field_layout(columns, f)
-            else:
-                dtype, row_shape = computed[0][f].dtype, computed[0][f].shape[flats[0].ndim:]
-            place(f, dtype, (num_batches, total, *inner, *row_shape))
-        prioritized = any(p.weights is not None for p in resp.parts)
-        if prioritized:
-            place("weights", np.dtype(np.float32), (num_batches, total))
-        # every part's item ids: priorities go back by them, and the batch log names them
-        place("item_ids", np.dtype(np.int64), (num_batches, total))
-        slot.ensure(max(size, 1))
-        assert slot.map is not None
-
-        def view(name: str) -> np.ndarray:
-            offset, dtype, shape = layout[name]
-            count = int(np.prod(shape, dtype=np.int64))
-            return np.frombuffer(slot.map, dtype=np.dtype(dtype), count=count,
-                                 offset=offset).reshape(shape)
-
-        if stacks is not None:
-            dest = view(OBS_STACK)
-            for index, start in zip(stacks, starts, strict=True):
-                np.take(columns[FRAMES], index, axis=0,
-                        out=dest[:, start:start + index.shape[1]] if len(stacks) > 1 else dest)
-        for f in fields:
-            dest = view(f)
-            if computed is not None:
-                for arrays, flat, start in zip(computed, flats, starts, strict=True):
-                    dest[:, start:start + flat.shape[1]] = arrays[f]
-            elif len(flats) == 1:
-                take(columns, f, flats[0], out=dest)
-            else:
-                for flat, start in zip(flats, starts, strict=True):
-                    dest[:, start:start + flat.shape[1]] = take(columns, f, flat)
-        refs, spans = [], []
-        ids = view("item_ids")
-        for part, flat, start in zip(resp.parts, flats, starts, strict=True):
-            n = flat.shape[1]
-            ids[:, start:start + n] = np.asarray(part.item_ids, dtype=np.int64)
-            spans.append([part.buffer, start, n])
-        if prioritized:
-            weights = view("weights")
-            for part, flat, start in zip(resp.parts, flats, starts, strict=True):
-                n = flat.shape[1]
-                if part.weights is None:
-                    weights[:, start:start + n] = 1.0
-                else:
-                    weights[:, start:start + n] = np.asarray(part.weights, dtype=np.float32)
-                    refs.append([part.buffer, start, n])
-        return {"slot": slot.index, "path": str(slot.path), "num_batches": num_batches,
-                "layout": layout, "refs": refs, "spans": spans, "state": self.state(),
-                "moments": self.take_moments()}
-
-    def state(self) -> dict[str, Any]:
-        return {"stop_run": self.stop_run.is_set(), "group_ended": self.group_ended.is_set(),
-                **{k: getattr(self, k) for k in STATE_KEYS}}
-
-    def on_change(self) -> None:
-        self.send({"kind": "state", "state": self.state()})
-
-    def send(self, message: dict) -> None:
-        with self._out_lock:
-            self.out.write(json.dumps(message) + "\n")
-            self.out.flush()
-
-    def listen(self, inbox: IO[str], relay: WeightRelay) -> None:
-        """Slots handed back and policy versions to store, until stdin closes (the learner
-        closed us, or died)."""
-        for line in inbox:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                message = json.loads(line)
-                if "publish" in message:
-                    relay.submit(message)
-                else:
-                    self.free.put(int(message["free"]))
-        self._closing.set()
-
-    def release(self) -> None:
-        for slot in self.slots:
-            slot.release()
-
-
-def main() -> int:
-    from rlfleet.shared.infra.storage.credentials import log_to_stderr
-
-    # Its learner ends it (its stdin closes), after the learner's last publish and checkpoint,
-    # which go through this process. A signal for the whole job (Slurm's scancel or requeue
-    # signals every process of it, a terminal's Ctrl-C its process group) must not end it
-    # first.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-
-    log_to_stderr(os.environ.get("RLFLEET_LOG_LEVEL", "INFO"),
-                  "%(asctime)s learner-data %(levelname)s %(name)s: %(message)s")
-    settings = json.loads(sys.stdin.readline())
-    from rlfleet.shared.infra.http import HttpClient
-    from rlfleet.shared.infra.storage import open_storage
-
-    client = HttpClient(settings["coordinator"], timeout_s=10)
-    storage = open_storage(settings["storage"], settings["run"])
-    out = sys.stdout
-    sys.stdout = sys.stderr  # a stray print must not corrupt the message stream
-    writer = ShmWriter(
-        client, storage, settings["worker_id"], settings["batch_size"],
-        settings["batches_per_request"], settings["cache_size"],
-        mix=[MixShare(**m) for m in settings["mix"]] if settings["mix"] else None,
-        group_generation=settings["group_generation"], cursor=settings["cursor"],
-        depth=settings["depth"], out=out,
-        transforms=(BatchTransforms(**settings["transforms"]) if settings.get("transforms")
-                    else None))
-    relay = WeightRelay(storage, writer.send)
-    threading.Thread(target=writer.listen, args=(sys.stdin, relay), name="inbox",
-                     daemon=True).start()
-    try:
-        writer.on_change()  # ready: the learner waits for this first message
-        writer.run()
-        writer.on_change()
-    except (BrokenPipeError, OSError) as err:
-        if not writer._closing.is_set():
-            log.warning("data process ends: %s", err)
-    finally:
-        relay.end()  # the version the learner handed over last is stored or refused
-        writer.release()
-        storage.close()
-        client.close()
-    return 0
-
-
-# -- the learner's side -------------------------------------------------------------------
-
 class DataProcess:
-    """What the training loop sees: `get()` the next answer's batches, flags and counters
-    mirrored from the data process (the same as `Prefetcher`'s)."""
+    """The learner's handle on its data process, a `Feed`: `get()` the next answer's
+    batches, flags and counters mirrored from the data process (the same as
+    `Prefetcher`'s)."""
 
     def __init__(self, coordinator_url: str, storage_url: str, run: str, worker_id: str,
                  batch_size: int, batches_per_request: int, depth: int, cache_size: int,
@@ -345,7 +101,7 @@ class DataProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "rlfleet.learner.dataproc"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "rlfleet.learner.feed.dataproc_child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env, cwd=root)
         self._send(self.settings)
         self.relay = RelayClient(WeightRegion(SHM_DIR, f"rlfleet-dp-{self._proc.pid}-w-"),
@@ -441,7 +197,7 @@ class DataProcess:
         for b in range(message["num_batches"]):
             refs = [(buffer, ids[b, start:start + n].copy(), slice(start, start + n))
                     for buffer, start, n in message["refs"]] if ids is not None else []
-            # views, not copies: only a logged update copies them (learner/batch_log.py)
+            # views, not copies: only a logged update copies them (learner/observe/batch_log.py)
             samples = [(buffer, ids[b, start:start + n], slice(start, start + n))
                        for buffer, start, n in message.get("spans", [])] \
                 if ids is not None else []
@@ -463,12 +219,17 @@ class DataProcess:
             self._proc.stdin.write(json.dumps(message) + "\n")
             self._proc.stdin.flush()
 
-    def put_weights(self, version: int, state: Mapping[str, Any],
-                    metadata: Mapping[str, str]) -> None:
-        """Store a policy version through the data process (`learner/weight_relay.py`)."""
+    def put(self, version: int, state: Mapping[str, Any],
+            metadata: Mapping[str, str]) -> None:
+        """Store a policy version through the data process
+        (`learner/output/weight_relay.py`)."""
         if self.relay is None:
             raise RelayUnavailable("the data process has not started")
-        self.relay.put_weights(version, state, metadata)
+        self.relay.put(version, state, metadata)
+
+    def weight_sink(self, storage: Storage) -> WeightSink:
+        """This process's relay writes the versions; storage what it cannot take."""
+        return RelaySink(self, storage)
 
     def close(self, wait: bool = True) -> None:
         """End the data process (it ends its loop when its stdin closes); `wait=False`
@@ -508,7 +269,3 @@ def _slot_prefix(path: str) -> str:
     """`rlfleet-dp-<pid>-<slot>-`: the names of one slot's regions, of every size."""
     name = Path(path).name
     return name[:name.rfind("-") + 1]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """Keeping the learner fed from a thread of its own process (`learner.data_process: false`).
 
-The sample loop (`learner/sampling.py`) runs on a background thread, builds torch batches
+The sample loop (`learner/feed/sampling.py`) runs on a background thread, builds torch batches
 and parks them in a bounded queue; the training loop only ever takes ready batches. Simple,
 and enough for large networks; with small ones the thread's JSON and numpy work competes with
-the training thread for the GIL, which is why a data process (`learner/dataproc.py`) is the
+the training thread for the GIL, which is why a data process (`learner/feed/dataproc.py`) is the
 default.
 """
 
@@ -17,13 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.learner.sampling import SampleLoop
+from rlfleet.learner.feed.sampling import SampleLoop
+from rlfleet.learner.output.publisher import StorageSink, WeightSink
 from rlfleet.shared.batching.batching import Batch, assemble_from
 from rlfleet.shared.batching.rows import batch_fields
 from rlfleet.shared.contract.wire.sampling import SampleResponse
+from rlfleet.shared.infra.storage import Storage
 
 
 class Prefetcher(SampleLoop):
+    """The sample loop on a thread of this process; a `Feed`."""
+
     def __init__(self, *args: Any, depth: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ready: queue.Queue[list] = queue.Queue(maxsize=depth)
@@ -56,6 +60,10 @@ class Prefetcher(SampleLoop):
                 return
             except queue.Full:
                 continue
+
+    def weight_sink(self, storage: Storage) -> WeightSink:
+        """The publish thread writes versions to storage itself."""
+        return StorageSink(storage)
 
     def close(self, wait: bool = True) -> None:
         self._closing.set()

@@ -4,8 +4,8 @@ It asks for many batches per request, reads the chunks it does not have cached (
 change, so the cache needs no invalidation, only an LRU bound) and turns each answer, with the
 chunks' columns, into batches (`assemble`) that it passes on (`hand`). Where the batches go is
 the subclass's business: a queue of torch batches in the learner's own process
-(`learner/prefetch.py`), or shared memory written by a data process of its own
-(`learner/dataproc.py`). This module imports no torch, so a data process starts in a fraction
+(`learner/feed/prefetch.py`), or shared memory written by a data process of its own
+(`learner/feed/dataproc.py`). This module imports no torch, so a data process starts in a fraction
 of a second and costs little memory.
 
 In a learner group (`group`: generation and world size) each request names the next group

@@ -1,6 +1,6 @@
 """Batches onto the learner's device, one ahead of the update that needs them.
 
-Batches arrive in shared memory from the learner's data process (`learner/dataproc.py`). On
+Batches arrive in shared memory from the learner's data process (`learner/feed/dataproc.py`). On
 a CPU learner they are used where they lie. On a GPU learner, as in Sample Factory's and
 torch's DataLoader's `pin_memory`, each batch is copied into a page-locked (pinned) host
 buffer, then to a device buffer by a non-blocking copy on a side stream; the training loop
@@ -44,7 +44,7 @@ def expand_stacks(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def expand_frames(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`obs` and `next_obs` gathered from a packed rollout's frames (each distinct frame
-    once, `learner/rollouts.py`), where it is: on a GPU learner, on the device (in place)."""
+    once, `learner/feed/rollouts.py`), where it is: on a GPU learner, on the device (in place)."""
     frames = data.pop(FRAMES, None)
     if frames is not None:
         for name, index in INDEX.items():

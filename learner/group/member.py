@@ -19,7 +19,7 @@ through torch's own rendezvous:
   apart and newcomers that loaded an old checkpoint all continue from the same state;
 - a rank that dies makes the others' collective fail at once (its sockets close); one that
   hangs (SIGSTOP) is declared dead by the coordinator after its heartbeat timeout, and the
-  others stop waiting for it then (`learner/collectives.py`), or at the latest after the
+  others stop waiting for it then (`learner/group/collectives.py`), or at the latest after the
   group's own timeout (`learner.collective_timeout_s`); either way `GroupError` tells the
   learner to ask for the next generation.
 """
@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from rlfleet.learner.collectives import GroupError, Waiter, never_ends, retire
+from rlfleet.learner.group.collectives import GroupError, Waiter, never_ends, retire
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.contract.wire.group import GroupAssignment
 
@@ -63,7 +63,7 @@ class DistReducer:
     Over NCCL (`device` is then this rank's GPU) host tensors travel through the device.
 
     Over gloo the buffer is a copy even of a single tensor: an all-reduce this rank stops
-    waiting for (`waiter`, `learner/collectives.py`) may still complete later, and must not
+    waiting for (`waiter`, `learner/group/collectives.py`) may still complete later, and must not
     write into the policy's gradients then."""
 
     def __init__(self, pg: dist.ProcessGroup, rank: int, world_size: int,
@@ -113,7 +113,7 @@ class GroupMember:
     """One learner's side of the group: its store, the current generation's process group.
 
     `ended(stalled_s)` tells a rank waiting for a gloo collective whether the coordinator has
-    ended its generation (`learner/collectives.py`); the session sets it."""
+    ended its generation (`learner/group/collectives.py`); the session sets it."""
 
     def __init__(self, advertise_host: str, port: int = 0, timeout_s: float = 30.0,
                  device: torch.device | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Every learner is a member of the group, even alone. It asks the coordinator for its place
 (`POST /api/v1/learner-group`) and waits as a standby while it has none; it forms the
-generation it is given (`learner/group.py` carries out the rendezvous) and adopts rank 0's
+generation it is given (`learner/group/member.py` carries out the rendezvous) and adopts rank 0's
 training state and policy version, so survivors and newcomers continue from one state; it
 trains until the generation ends, then asks again. A generation ends when the coordinator
 says so (a heartbeat telling of a newer one, or a 409 to a sample request, which the feeds
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlfleet.learner.group import GroupError, GroupMember
-from rlfleet.learner.publisher import PublishConflict, Publisher
+from rlfleet.learner.group.member import GroupError, GroupMember
+from rlfleet.learner.output.publisher import PublishConflict, Publisher
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import DataParallel
 from rlfleet.shared.contract.config import ConfigError

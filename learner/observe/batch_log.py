@@ -7,6 +7,9 @@ only carries values: on a logged update it copies at most `samples_per_update` r
 value to the host (one transfer per value), and the rows ride in the next learn-info report.
 Between logged updates it costs one integer comparison. What a report cannot carry (its
 bound, `MAX_LOGGED_SAMPLES`) is dropped, oldest first, and counted.
+
+`BatchLogging` is the built-in hook: before each update it tells the hooks whether the update
+is logged (`ctx.logging_samples`), and after every hook it takes the rows.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlfleet.learner.hooks import HookContext, HookRunner, Order
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
 from rlfleet.shared.contract.wire.sampling import (
@@ -55,6 +59,18 @@ class BatchLogTaker:
         self._pending: list[BatchLogEntry] = []
         self._rows = 0
         self._skipped: set[str] = set()  # value names already warned about
+
+    def register(self, runner: HookRunner) -> None:
+        """As the built-in hook (`logging.batch_log`)."""
+        runner.register_op("before_iter", self._flag, Order.BATCH_LOG_FLAG)
+        runner.register_op("after_iter", self._take, Order.BATCH_LOG)
+
+    def _flag(self, ctx: HookContext) -> None:
+        ctx.logging_samples = self.due(ctx.train_iterations + 1)  # the update to come
+
+    def _take(self, ctx: HookContext) -> None:
+        if ctx.logging_samples and ctx.sampled is not None:
+            self.take(ctx.train_iterations, ctx.sampled, ctx.sample_values)
 
     def due(self, train_iterations: int) -> bool:
         """Whether the update that makes `train_iterations` is one to log."""

@@ -8,13 +8,19 @@ Metrics (`eval.dataset.metric`), over the dataset's first `max_steps` steps:
   network throughout (Q-learning policies: dqn, cql);
 - `return_prediction`: mean |max_a Q(s, a) - G(s)|, G the discounted return from s to its
   episode's end in the dataset.
+
+`DatasetScores` is the built-in hook: after an update, when due, on the group's publisher,
+into the next report.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
+from rlfleet.learner.hooks import HookContext, HookRunner, Order
 from rlfleet.shared.algos.base import Policy
 from rlfleet.shared.algos.capabilities import QValues
 from rlfleet.shared.algos.nets import as_obs_tensor
@@ -56,6 +62,41 @@ class DatasetScorer:
     def score(self, policy: Policy, train_iterations: int) -> dict[str, float]:
         self.last = train_iterations
         return {self.metric: score(self.metric, policy, self.data, self.returns, self.gamma)}
+
+
+class DatasetScores:
+    """The built-in hook (`eval.dataset`). The dataset is read the first time the group's
+    publisher scores (the other ranks never need it); the state is when it last scored."""
+
+    def __init__(self, cfg: RunConfig, outbox: Any, session: Any) -> None:
+        assert cfg.eval.dataset is not None
+        self.cfg = cfg
+        self.every = cfg.eval.dataset.every_train_iterations
+        self.last = 0
+        self.scorer: DatasetScorer | None = None
+        self.outbox = outbox
+        self.session = session
+
+    def register(self, runner: HookRunner) -> None:
+        runner.register_op("after_iter", self._after_iter, Order.DATASET_SCORES)
+        runner.register_state("dataset_scores", self)
+
+    def _after_iter(self, ctx: HookContext) -> None:
+        iterations = ctx.train_iterations
+        if not self.session.is_publisher or iterations - self.last < self.every:
+            return
+        if self.scorer is None:
+            from rlfleet.shared.envs.make import run_spec
+
+            self.scorer = DatasetScorer(self.cfg, run_spec(self.cfg))
+        self.last = iterations
+        self.outbox.dataset_eval = self.scorer.score(ctx.policy, iterations)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self.last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last = int(state.get("last", self.last))
 
 
 def score(metric: str, policy: Policy, data: dict[str, np.ndarray], returns: np.ndarray,

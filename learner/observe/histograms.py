@@ -7,7 +7,7 @@ They are taken on the group's publisher once per `every_train_iterations`, right
 update (so gradients are that update's), bucketed here with numpy into TensorBoard's form
 (min, max, count, sum, sum of squares, each bucket's right edge and count), and ride in the
 next learn-info report; the coordinator's logger writes them. Taking them costs a copy of the
-weights to the host at that interval, nothing between.
+weights to the host at that interval, nothing between. `Histograms` is the built-in hook.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfleet.learner.hooks import HookContext, HookRunner, Order
 from rlfleet.shared.algos.capabilities import QValues
 from rlfleet.shared.contract.config import HistogramConfig
 from rlfleet.shared.contract.wire.sampling import HistogramData
@@ -85,3 +86,28 @@ class HistogramTaker:
             if h is not None:
                 out[name] = h
         return out
+
+
+class Histograms:
+    """The built-in hook (`logging.histograms`): after an update, when due, on the group's
+    publisher, into the next report. Its state is when it last took them."""
+
+    def __init__(self, cfg: HistogramConfig, outbox: Any, session: Any) -> None:
+        self.taker = HistogramTaker(cfg)
+        self.outbox = outbox
+        self.session = session
+
+    def register(self, runner: HookRunner) -> None:
+        runner.register_op("after_iter", self._after_iter, Order.HISTOGRAMS)
+        runner.register_state("histograms", self)
+
+    def _after_iter(self, ctx: HookContext) -> None:
+        if self.session.is_publisher and self.taker.due(ctx.train_iterations) \
+                and ctx.batch is not None:
+            self.outbox.histograms = self.taker.take(ctx.policy, ctx.batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self.taker._last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.taker._last = state.get("last")

@@ -53,6 +53,7 @@ class CheckpointInfo:
 
 
 FILE_SUFFIX = ".safetensors"
+HOOKS_META = "hooks"  # the learner hooks' states, JSON, in a checkpoint's metadata
 
 
 @dataclass
@@ -96,10 +97,11 @@ class CheckpointStore:
         self.storage.put_blob(self.index_name, json.dumps(body).encode())
 
     def save(self, state: Mapping[str, torch.Tensor], train_iterations: int,
-             policy_version: int) -> CheckpointInfo:
+             policy_version: int, extra: Mapping[str, str] | None = None) -> CheckpointInfo:
+        """`extra`: more string metadata (the learner hooks' states, `HOOKS_META`)."""
         info = CheckpointInfo(f"{self.prefix}-{train_iterations:012d}", train_iterations,
                               policy_version, time.time())
-        meta = {**self.metadata, "train_iterations": str(train_iterations),
+        meta = {**self.metadata, **(extra or {}), "train_iterations": str(train_iterations),
                 "policy_version": str(policy_version), "saved_at": f"{info.saved_at:.3f}"}
         blob = encode_weights(state, meta)
         self.storage.put_blob(info.name, blob)

@@ -1,4 +1,5 @@
-"""New priorities gathered between two learn-info reports, sent as one update per buffer."""
+"""New priorities gathered between two learn-info reports, sent as one update per buffer;
+`Priorities` is the built-in hook that gathers them after each update."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from rlfleet.learner.hooks import HookContext, HookRunner, Order
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.wire.sampling import PriorityUpdate
 
@@ -51,3 +53,19 @@ class PriorityFeedback:
 def updates_from(arrays: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[PriorityUpdate]:
     return [PriorityUpdate(buffer=b, item_ids=ids.tolist(), priorities=values.tolist())
             for b, (ids, values) in arrays.items()]
+
+
+class Priorities:
+    """The built-in hook of prioritized sampling: an update's new priorities (the policy's
+    `LearnOutput.priorities`, one per row) for the items it learned from."""
+
+    def __init__(self, feedback: PriorityFeedback) -> None:
+        self.feedback = feedback
+
+    def register(self, runner: HookRunner) -> None:
+        runner.register_op("after_iter", self._after_iter, Order.PRIORITIES)
+
+    def _after_iter(self, ctx: HookContext) -> None:
+        batch, out = ctx.sampled, ctx.out
+        if batch is not None and batch.item_refs and out.priorities is not None:
+            self.feedback.add(batch, out.priorities)

@@ -8,8 +8,10 @@ writes it. When versions come faster than storage takes them, the newest pending
 collectors only ever want the latest policy, and version numbers stay consecutive because a
 number is given when a state is written, not when it is handed over.
 
-While the learner has a data process, the write itself happens there (`route`,
-`learner/weight_relay.py`): this thread then only copies a state into shared memory.
+Where a version is written is a `WeightSink`: storage itself (`StorageSink`), or, while the
+learner has a data process, that process's relay (`RelaySink`, `learner/output/weight_relay.py`:
+this thread then only copies a state into shared memory), which falls back on storage when
+the relay cannot take a version. The feed of each generation says which (`Feed.weight_sink`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,71 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 
-from rlfleet.learner.weight_relay import RelayUnavailable
+from rlfleet.learner.output.weight_relay import RelayUnavailable
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.infra.storage import Storage, StorageError, VersionConflict
 from rlfleet.shared.util.backoff import Backoff
 
 log = logging.getLogger("rlfleet.learner")
 
-PutWeights = Callable[[int, Mapping[str, torch.Tensor], Mapping[str, str]], None]
+
+
+class WeightSink(Protocol):
+    """Where policy versions are written."""
+
+    def put(self, version: int, state: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> bool:
+        """Store one version; whether another process stored it for this one (a data
+        process's relay) rather than this thread. `StorageError` while storage is out (the
+        publisher retries), `VersionConflict` when another learner stored it first."""
+
+
+class StorageSink:
+    """Versions encoded and written to storage by the publish thread."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    def put(self, version: int, state: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> bool:
+        self.storage.put_weights(version, encode_weights(state, metadata))
+        return False
+
+
+class RelaySink:
+    """Versions handed to a data process, which encodes and writes them
+    (`learner/output/weight_relay.py`); one it cannot take is written to storage here."""
+
+    def __init__(self, relay: Relay, storage: Storage) -> None:
+        self.relay = relay
+        self.storage = storage
+
+    def put(self, version: int, state: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> bool:
+        try:
+            self.relay.put(version, state, metadata)
+            return True
+        except RelayUnavailable as err:
+            log.info("policy version %d is stored by the learner: %s", version, err)
+        try:
+            self.storage.put_weights(version, encode_weights(state, metadata))
+        except VersionConflict:
+            if not _holds(self.storage, version, state, metadata):
+                raise
+        return False
+
+
+class Relay(Protocol):
+    """A data process's end of the relay (`weight_relay.RelayClient`)."""
+
+    def put(self, version: int, state: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> None:
+        """Store it, or raise `RelayUnavailable` (or storage's errors, as storage would)."""
 
 
 class PublishConflict(RuntimeError):
@@ -52,8 +107,8 @@ class Publisher:
         self.failure: PublishConflict | None = None
         self._stopped = False
         self._gave_up = False  # the last write was abandoned: storage out while closing
-        self._route: PutWeights | None = None
-        self.relayed = 0           # versions the route stored
+        self._sink: WeightSink | None = None  # None: storage, from this thread
+        self.relayed = 0           # versions a sink other than storage stored
         self._last_submit = -float("inf")
 
     def attach(self, storage: Storage, version: int) -> None:
@@ -67,12 +122,11 @@ class Publisher:
                 self._thread = threading.Thread(target=self._run, name="publish", daemon=True)
                 self._thread.start()
 
-    def route(self, put: PutWeights | None) -> None:
-        """Store versions through `put` (a data process's `put_weights`) from the next
-        write on; None stores them from this thread. A write `put` cannot make
-        (`RelayUnavailable`) is made here."""
+    def use(self, sink: WeightSink | None) -> None:
+        """Store versions through `sink` from the next write on (a generation's feed says
+        where: `Feed.weight_sink`); None writes them to storage from this thread."""
         with self._cond:
-            self._route = put
+            self._sink = sink
 
     def due(self, min_interval_s: float) -> bool:
         """At least `min_interval_s` since a state was last handed over. A version costs
@@ -185,21 +239,12 @@ class Publisher:
     def _store(self, storage: Storage, version: int, state: dict[str, torch.Tensor],
                metadata: dict[str, str]) -> None:
         with self._cond:
-            route = self._route
-        if route is not None:
-            try:
-                route(version, state, metadata)
-                self.relayed += 1
-                return
-            except RelayUnavailable as err:
-                log.info("policy version %d is stored by the learner: %s", version, err)
-                try:
-                    storage.put_weights(version, encode_weights(state, metadata))
-                except VersionConflict:
-                    if not _holds(storage, version, state, metadata):
-                        raise
-                return
-        storage.put_weights(version, encode_weights(state, metadata))
+            sink = self._sink
+        if sink is None:
+            storage.put_weights(version, encode_weights(state, metadata))
+            return
+        if sink.put(version, state, metadata):
+            self.relayed += 1
 
 
 def _holds(storage: Storage, version: int, state: Mapping[str, torch.Tensor],

@@ -24,9 +24,13 @@ log = logging.getLogger("rlfleet.learner")
 
 
 class Reporter:
-    def __init__(self, client: HttpClient) -> None:
+    """`stop_run` is set when an answer says the run is over (the training's `run_over`);
+    the best-evaluated version an answer names waits in `best_policy_version` for the
+    training thread, which owns the checkpoints."""
+
+    def __init__(self, client: HttpClient, stop_run: threading.Event | None = None) -> None:
         self.client = client
-        self.stop_run = threading.Event()
+        self.stop_run = stop_run if stop_run is not None else threading.Event()
         self.best_policy_version: int | None = None
         self.sent = 0
         self.failed = 0

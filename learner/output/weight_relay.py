@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlfleet.learner.shm import new_region
+from rlfleet.learner.feed.shm import new_region
 from rlfleet.shared.contract.codec import encode_arrays
 from rlfleet.shared.infra.storage import Storage, StorageError, VersionConflict
 
@@ -153,7 +153,7 @@ class WeightRegion:
 
 
 class RelayClient:
-    """The learner's end: `put_weights` as `Storage.put_weights` would, one at a time.
+    """The learner's end: `put` as `Storage.put_weights` would, one at a time.
 
     `send` writes one request line to the data process; `exited` says why it is gone (or
     None). Replies arrive through `reply`, called by the thread that reads its messages."""
@@ -169,10 +169,10 @@ class RelayClient:
     def reply(self, message: dict) -> None:
         self._replies.put(message)
 
-    def put_weights(self, version: int, state: Mapping[str, torch.Tensor],
-                    metadata: Mapping[str, str]) -> None:
-        """Store `version`; raises `VersionConflict` and `StorageError` as storage does,
-        and `RelayUnavailable` when the data process cannot."""
+    def put(self, version: int, state: Mapping[str, torch.Tensor],
+            metadata: Mapping[str, str]) -> None:
+        """Store `version` (a `WeightSink`); raises `VersionConflict` and `StorageError` as
+        storage does, and `RelayUnavailable` when the data process cannot."""
         with self._lock:
             gone = self._exited()
             if gone:

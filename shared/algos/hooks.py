@@ -1,9 +1,9 @@
 """Learner hooks, as the user writes them: the base class, the context each stage gets, the
 stages as small protocols, and their loading from `learner.hooks` (checked at launch by
-`rlfleet check`). The learner runs them (`rlfleet.learner.hooks.HookRunner`) at the same
-stages as its own features (publishing, checkpoints, reporting): docs/extending.md has a
-complete example. Import the names from `rlfleet` (`from rlfleet import LearnerHook,
-HookContext`).
+`rlfleet check`). The learner runs them (`rlfleet.learner.hooks.HookRunner`) at the very
+stages where its own features run (publishing, checkpoints, reporting, histograms, the
+batch log: they are hooks too). Import the names from `rlfleet` (`from rlfleet import
+LearnerHook, HookContext`); docs/extending.md has a complete example.
 
 A hook is a class named in the config by import path, made once per learner process with its
 `params`:
@@ -13,25 +13,39 @@ A hook is a class named in the config by import path, made once per learner proc
         - {path: "my_pkg.hooks:ClipWatcher", priority: 10, params: {every: 100}}
 
 It defines any of these stages; each is called with a `HookContext` (the policy, the config,
-the learner's rank, and `metrics`, where a hook's own figures go: they are reported,
-averaged over the logging interval and logged under `train/<key>` like the policy's):
+the learner's rank, and per update its batch, output and `metrics`, where a hook's own
+figures go: they are reported, averaged over the logging interval and logged under
+`train/<key>` like the policy's):
 
-- `before_run(ctx)`: once, after a checkpoint was restored and the learner group formed (so
-  `ctx.rank` is this learner's), before the first update;
-- `before_iter(ctx)`: before each update, with `ctx.batch` the update's batch (tensors);
-- `after_iter(ctx)`: after each update, with `ctx.metrics` holding the update's metrics;
-  on the updates `logging.batch_log` logs (`ctx.logging_samples`), `ctx.add_log(name,
-  values)` logs one value per batch row beside each sample (docs/batch-log.md);
-- `after_run(ctx)`: once, after the last update, before the final checkpoint; on a crash
-  too (`ctx.crashed` is then the error).
+- `before_run(ctx)`: once, after a checkpoint was restored and the learner group first
+  formed (so `ctx.rank` is this learner's), before the first update;
+- `on_formed(ctx)`: each time the learner group forms, the first time included (after
+  `before_run`): `ctx.rank` and `ctx.is_publisher` may change from one to the next;
+- `on_data(ctx)`: new data arrived, before it is learned from; `ctx.moments` holds the
+  raw-observation statistics of its chunks (where collectors keep them, `algo.obs_norm`);
+- `before_iter(ctx)`: before each update, with `ctx.batch` the update's batch (tensors on
+  the learner's device) and `ctx.sampled` its items (buffer and item ids; None for a
+  rollout);
+- `after_iter(ctx)`: after each update, with `ctx.out` what `learn` returned and
+  `ctx.metrics` the update's metrics; on the updates `logging.batch_log` logs
+  (`ctx.logging_samples`), `ctx.add_log(name, values)` logs one value per batch row beside
+  each sample (docs/batch-log.md);
+- `after_round(ctx)`: after the updates on one delivery of data (a sample answer's batches,
+  or one rollout);
+- `after_run(ctx)`: once, after the last update, before the final version and checkpoint;
+  and as the learner dies of an error (`ctx.crashed` is then the error).
 
-Each stage is a protocol (`BeforeRun`, `BeforeIter`, `AfterIter`, `AfterRun`): the learner
-asks `isinstance` once, when it makes the hook, and calls a hook only at the stages it
-defines. A hook that keeps state across a restart defines `state_dict()` and
-`load_state_dict(state)` (`Stateful`; `LearnerHook` gives both, keeping nothing): the state
-is saved in every checkpoint, as JSON, and given back when the learner resumes from one.
+Each stage is a protocol (`BeforeRun`, `OnFormed`, `OnData`, `BeforeIter`, `AfterIter`,
+`AfterRound`, `AfterRun`): the learner asks `isinstance` once, when it makes the hook, and
+calls a hook only at the stages it defines. A hook that keeps state across a restart
+defines `state_dict()` and `load_state_dict(state)` (`Stateful`; `LearnerHook` gives both,
+keeping nothing): the state (JSON) is saved in every checkpoint and given back when a
+learner resumes from one.
 
-Hooks run by `priority` (lowest first), equal priorities in the order listed.
+Hooks run by `priority` (lowest first), equal priorities in the order listed; the
+learner's own run before (negative priorities) and after (large ones) a user's where the
+order matters: priorities are taken before user hooks see an update, and the update's
+metrics are reported after every hook added to them.
 """
 
 from __future__ import annotations
@@ -52,10 +66,13 @@ class HookContext:
     cfg: Any
     rank: int = 0
     is_publisher: bool = True
-    batch: Mapping[str, Any] | None = None
+    batch: Mapping[str, Any] | None = None  # the update's tensors (before_iter, after_iter)
+    sampled: Any = None  # the update's items: `Batch.samples`, (buffer, ids, rows) per part
+    out: Any = None  # what `learn` returned (after_iter): a `LearnOutput`
     metrics: dict[str, Any] = field(default_factory=dict)
     sample_values: dict[str, Any] = field(default_factory=dict)
     logging_samples: bool = False
+    moments: list[dict[str, Any]] = field(default_factory=list)  # on_data
     crashed: BaseException | None = None  # after_run of a learner that is dying of it
 
     @property
@@ -78,6 +95,18 @@ class BeforeRun(Protocol):
 
 
 @runtime_checkable
+class OnFormed(Protocol):
+    def on_formed(self, ctx: HookContext) -> None:
+        """Each time the learner group forms."""
+
+
+@runtime_checkable
+class OnData(Protocol):
+    def on_data(self, ctx: HookContext) -> None:
+        """New data arrived; `ctx.moments` are its chunks' observation statistics."""
+
+
+@runtime_checkable
 class BeforeIter(Protocol):
     def before_iter(self, ctx: HookContext) -> None:
         """Before each update; `ctx.batch` is its batch."""
@@ -87,6 +116,12 @@ class BeforeIter(Protocol):
 class AfterIter(Protocol):
     def after_iter(self, ctx: HookContext) -> None:
         """After each update; `ctx.metrics` holds its metrics."""
+
+
+@runtime_checkable
+class AfterRound(Protocol):
+    def after_round(self, ctx: HookContext) -> None:
+        """After the updates on one delivery of data."""
 
 
 @runtime_checkable
@@ -106,7 +141,8 @@ class Stateful(Protocol):
         ...
 
 
-STAGES: tuple[type, ...] = (BeforeRun, BeforeIter, AfterIter, AfterRun)
+STAGES: tuple[type, ...] = (BeforeRun, OnFormed, OnData, BeforeIter, AfterIter, AfterRound,
+                            AfterRun)
 
 
 class LearnerHook:

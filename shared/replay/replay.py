@@ -399,7 +399,7 @@ class Replay:
                 raise StaleLoad(name, f"buffers.{name}.max_policy_lag", buf.max_policy_lag)
             algo = self.cfg.algo
             if isinstance(algo, RolloutSettings) and algo.max_policy_lag is not None:
-                # the learner's rollouts drop them (learner/rollouts.py)
+                # the learner's rollouts drop them (learner/feed/rollouts.py)
                 raise StaleLoad(name, "algo.max_policy_lag", algo.max_policy_lag)
         if priorities is None:
             return

@@ -150,6 +150,26 @@ RENAMED_MODULES: dict[str, str] = {
     "rlfleet.learner.batching": "rlfleet.shared.batching.batching",
     "rlfleet.learner.transforms": "rlfleet.shared.batching.transforms",
     "rlfleet.learner.arena": "rlfleet.shared.batching.arena",
+    # the learner's modules, grouped by job (feed, group, output, observe)
+    "rlfleet.learner.sampling": "rlfleet.learner.feed.sampling",
+    "rlfleet.learner.prefetch": "rlfleet.learner.feed.prefetch",
+    "rlfleet.learner.dataproc": "rlfleet.learner.feed.dataproc",
+    "rlfleet.learner.shm": "rlfleet.learner.feed.shm",
+    "rlfleet.learner.rollouts": "rlfleet.learner.feed.rollouts",
+    "rlfleet.learner.staging": "rlfleet.learner.feed.staging",
+    "rlfleet.learner.session": "rlfleet.learner.group.session",
+    "rlfleet.learner.collectives": "rlfleet.learner.group.collectives",
+    "rlfleet.learner.publisher": "rlfleet.learner.output.publisher",
+    "rlfleet.learner.weight_relay": "rlfleet.learner.output.weight_relay",
+    "rlfleet.learner.checkpoints": "rlfleet.learner.output.checkpoints",
+    "rlfleet.learner.reporter": "rlfleet.learner.output.reporter",
+    "rlfleet.learner.feedback": "rlfleet.learner.output.feedback",
+    "rlfleet.learner.timers": "rlfleet.learner.observe.timers",
+    "rlfleet.learner.metric_window": "rlfleet.learner.observe.metric_window",
+    "rlfleet.learner.shortage": "rlfleet.learner.observe.shortage",
+    "rlfleet.learner.histograms": "rlfleet.learner.observe.histograms",
+    "rlfleet.learner.batch_log": "rlfleet.learner.observe.batch_log",
+    "rlfleet.learner.dataset_eval": "rlfleet.learner.observe.dataset_eval",
 }
 
 

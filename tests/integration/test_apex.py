@@ -14,7 +14,7 @@ import pytest
 import requests
 import torch
 
-from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.learner.output.checkpoints import CheckpointStore
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.contract.codec import decode_weights
 from rlfleet.shared.contract.config import apex_epsilon

@@ -1,4 +1,4 @@
-"""The learner's half of the batch log (learner/batch_log.py): each part of a batch gets its
+"""The learner's half of the batch log (learner/observe/batch_log.py): each part of a batch gets its
 own rows' values, values that are not finite travel as null, and a learner that logs more
 than its reports carry keeps the newest samples, says so once, and counts what it dropped."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlfleet.learner.batch_log import BatchLogTaker
+from rlfleet.learner.observe.batch_log import BatchLogTaker
 from rlfleet.shared.batching.batching import Batch
 from rlfleet.shared.contract.config import BatchLogConfig
 from rlfleet.shared.contract.wire.sampling import MAX_LOGGED_SAMPLES

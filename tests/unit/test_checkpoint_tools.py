@@ -18,7 +18,7 @@ from rlfleet.checkpoints_cli import (
     main,
     resume_point,
 )
-from rlfleet.learner.checkpoints import CheckpointStore, read_index
+from rlfleet.learner.output.checkpoints import CheckpointStore, read_index
 from rlfleet.local.plan import absolute_paths
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import decode_weights, read_metadata
@@ -28,7 +28,7 @@ from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.config import dump_config, parse_config
 
 from .helpers import make_config
-from .test_learner_parts import make_training
+from .test_learner_parts import checkpointing, make_training
 
 
 def _store(storage, mirror: Path | None, keep_last: int = 2) -> CheckpointStore:
@@ -103,11 +103,12 @@ def test_zero_turns_periodic_checkpoints_off_but_not_the_final_one(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.every_train_iterations"):
         parse_config(make_config(checkpoint={"every_train_iterations": -1}))
     t = make_training(tmp_path, every=0)
+    checkpointing(t)
     for it in (1, 10, 10_000):
         t.policy.train_iterations = it
-        t.maybe_checkpoint()
+        t.hooks.after_round()
     assert t.checkpoints.entries == []
-    t.maybe_checkpoint(force=True)  # the end of training
+    t.hooks.after_run()  # the end of training
     assert [e.train_iterations for e in t.checkpoints.entries] == [10_000]
 
 

@@ -1,4 +1,4 @@
-"""learner/checkpoints.py with real storage and real policies: what is kept, what a restored
+"""learner/output/checkpoints.py with real storage and real policies: what is kept, what a restored
 learner continues from, and that nothing needs pickle."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.learner.output.checkpoints import CheckpointStore
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.ppo import PPO

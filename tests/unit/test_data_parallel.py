@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rlfleet.learner.group import DistReducer, GroupError, GroupMember
+from rlfleet.learner.group.member import DistReducer, GroupError, GroupMember
 from rlfleet.shared.algos.appo import APPO, APPOConfig
 from rlfleet.shared.algos.device import host_state
 from rlfleet.shared.algos.dqn import DQN

@@ -12,8 +12,8 @@ import uuid
 import numpy as np
 import pytest
 
-from rlfleet.learner.dataproc import SHM_DIR, DataProcess, DataProcessError
-from rlfleet.learner.staging import expand_stacks
+from rlfleet.learner.feed.dataproc import SHM_DIR, DataProcess, DataProcessError
+from rlfleet.learner.feed.staging import expand_stacks
 from rlfleet.shared.contract.codec import encode_arrays
 from rlfleet.shared.contract.frames import OBS_STACK, pack
 from rlfleet.shared.infra.storage.directory import DirectoryStorage

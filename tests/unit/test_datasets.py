@@ -11,7 +11,7 @@ from torch import nn
 pytest.importorskip("minari", reason="the datasets extra: pip install -e '.[datasets]'")
 
 from rlfleet.collector.saver import EpisodeSaver, read_saved  # noqa: E402
-from rlfleet.learner.dataset_eval import score  # noqa: E402
+from rlfleet.learner.observe.dataset_eval import score  # noqa: E402
 from rlfleet.shared.algos.bc import BehaviourCloning  # noqa: E402
 from rlfleet.shared.algos.bc.config import BCConfig
 from rlfleet.shared.algos.cql import CQL  # noqa: E402

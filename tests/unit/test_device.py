@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.group import choose_backend
+from rlfleet.learner.feed.rollouts import concat_chunks
+from rlfleet.learner.feed.shm import SHM_DIR
+from rlfleet.learner.feed.staging import GpuClock, Stager, expand_frames, expand_stacks
+from rlfleet.learner.group.member import choose_backend
+from rlfleet.learner.output.weight_relay import WeightRegion, _views
 from rlfleet.learner.placement import place
-from rlfleet.learner.rollouts import concat_chunks
-from rlfleet.learner.shm import SHM_DIR
-from rlfleet.learner.staging import GpuClock, Stager, expand_frames, expand_stacks
-from rlfleet.learner.weight_relay import WeightRegion, _views
 from rlfleet.shared.algos.capabilities import MixedPrecision, Placeable
 from rlfleet.shared.algos.device import (
     Precision,

@@ -1,5 +1,5 @@
 """shared/algos/dqn/policy.py (the double-DQN update), shared/batching/batching.py (`assemble`) and
-learner/feedback.py (priorities back to the coordinator)."""
+learner/output/feedback.py (priorities back to the coordinator)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.feedback import PriorityFeedback
+from rlfleet.learner.output.feedback import PriorityFeedback
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.batching.batching import DEFAULT_FIELDS, Batch, assemble

@@ -1,4 +1,4 @@
-"""`logging.histograms` on the learner (`learner/histograms.py`): buckets in TensorBoard's
+"""`logging.histograms` on the learner (`learner/observe/histograms.py`): buckets in TensorBoard's
 form, the parameters they cover, and when they are taken."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.histograms import HistogramTaker, histogram, trainable_parameters
+from rlfleet.learner.observe.histograms import HistogramTaker, histogram, trainable_parameters
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.config import HistogramConfig
 from rlfleet.shared.envs.make import run_spec

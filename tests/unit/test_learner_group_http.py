@@ -10,9 +10,9 @@ import threading
 
 import requests
 
-from rlfleet.learner.group import GroupMember
-from rlfleet.learner.publisher import Publisher
-from rlfleet.learner.session import GroupSession
+from rlfleet.learner.group.member import GroupMember
+from rlfleet.learner.group.session import GroupSession
+from rlfleet.learner.output.publisher import Publisher
 from rlfleet.shared.contract.wire.base import Role
 from rlfleet.shared.contract.wire.group import GroupAssignment
 from rlfleet.shared.worker import WorkerAgent

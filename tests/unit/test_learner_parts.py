@@ -1,8 +1,7 @@
 """The learner service's parts, each on its own with fakes around it: the timers' arithmetic
-(`learner/timers.py`), the group session (`learner/session.py`), what both training loops
-share (`learner/training.py`) and the loops themselves (`learner/offpolicy.py`,
-`learner/onpolicy.py`). Whole learners against a real coordinator are the integration and
-chaos suites' business."""
+(`learner/observe/timers.py`), the group session (`learner/group/session.py`), the built-in
+hooks (publishing, checkpoints, reports) and the loops themselves (`learner/loops/`). Whole
+learners against a real coordinator are the integration and chaos suites' business."""
 
 from __future__ import annotations
 
@@ -16,13 +15,20 @@ from typing import Any
 import pytest
 import torch
 
-from rlfleet.learner import offpolicy, onpolicy, session
-from rlfleet.learner.checkpoints import CheckpointStore
-from rlfleet.learner.group import GroupError
-from rlfleet.learner.publisher import PublishConflict
-from rlfleet.learner.session import GroupSession
-from rlfleet.learner.timers import LearnerTimers, UpdateRate
-from rlfleet.learner.training import Progress, Training, learning_rate
+from rlfleet.learner.group import session
+from rlfleet.learner.group.member import GroupError
+from rlfleet.learner.group.session import GroupSession
+from rlfleet.learner.loops import off_policy, on_policy
+from rlfleet.learner.loops.off_policy import OffPolicyLoop
+from rlfleet.learner.loops.on_policy import OnPolicyLoop
+from rlfleet.learner.observe.timers import LearnerTimers, UpdateRate
+from rlfleet.learner.output.checkpointing import Checkpointing
+from rlfleet.learner.output.checkpoints import CheckpointStore
+from rlfleet.learner.output.publisher import PublishConflict
+from rlfleet.learner.output.publishing import Publishing
+from rlfleet.learner.output.reporting import Reports, learning_rate
+from rlfleet.learner.training import Progress, Training
+from rlfleet.shared.algos.base import LearnOutput
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.wire.group import GroupAssignment
 from rlfleet.shared.contract.wire.membership import HeartbeatResponse
@@ -90,8 +96,8 @@ class FakePublisher:
     def due(self, min_interval_s: float) -> bool:
         return True
 
-    def route(self, put: Any) -> None:
-        self.routes.append(put)
+    def use(self, sink: Any) -> None:
+        self.routes.append(sink)
 
 
 @dataclass
@@ -124,12 +130,6 @@ class FakeMember:
         self.closed = True
 
 
-@dataclass
-class Out:
-    metrics: dict[str, float]
-    priorities: torch.Tensor | None = None
-
-
 class CountingPolicy:
     """Learns by counting; `on_learn` may end the run or the generation mid-loop."""
 
@@ -139,10 +139,10 @@ class CountingPolicy:
         self.train_iterations = 0
         self.on_learn: Callable[[int], None] = lambda n: None
 
-    def learn(self, batch: Any, weights: Any = None) -> Out:
+    def learn(self, batch: Any, weights: Any = None) -> LearnOutput:
         self.train_iterations += 1
         self.on_learn(self.train_iterations)
-        return Out({"loss": 0.5})
+        return LearnOutput({"loss": 0.5})
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return {"w": torch.tensor([float(self.train_iterations)])}
@@ -337,36 +337,63 @@ def test_a_broken_generation_is_reported_with_the_next_sync_and_formed_again(tmp
     assert formed == [1, 1, 2] and s.member.formed == [1, 1, 2]
 
 
-# -- what both loops share -------------------------------------------------------------------
+# -- the built-in hooks ----------------------------------------------------------------------
+
+def checkpointing(t: Training) -> Checkpointing:
+    hook = Checkpointing(t.checkpoints, t.cfg.checkpoint.every_train_iterations, t.session,
+                         t.publisher, t.timers, t.progress)
+    t.hooks.add(hook)
+    return hook
+
 
 def test_checkpoints_are_saved_every_interval_by_the_publisher_only(tmp_path):
     t = make_training(tmp_path, every=10)
+    hook = checkpointing(t)
     t.policy.train_iterations = 9
-    t.maybe_checkpoint()
+    t.hooks.after_round()
     assert t.checkpoints.entries == []
     t.policy.train_iterations = 10
-    t.maybe_checkpoint()
-    t.maybe_checkpoint(force=True)  # nothing new since: not saved twice
+    t.hooks.after_round()
+    hook.save(t.ctx, force=True)  # nothing new since: not saved twice
     assert [e.train_iterations for e in t.checkpoints.entries] == [10]
     assert t.progress.last_checkpoint == 10 and t.timers.checkpoint_s > 0
     t.policy.train_iterations = 13
-    t.maybe_checkpoint(force=True)
+    t.hooks.after_run()  # the end of the run
     t.session.assignment = assignment(2, rank=1, publisher=False)
     t.policy.train_iterations = 40
-    t.maybe_checkpoint(force=True)
+    hook.save(t.ctx, force=True)
     assert [e.train_iterations for e in t.checkpoints.entries] == [10, 13]
 
 
 def test_a_checkpoint_storage_could_not_take_is_tried_at_the_next_interval(tmp_path, caplog):
     t = make_training(tmp_path, every=10)
+    checkpointing(t)
 
     def out(*_: Any) -> None:
         raise StorageError("redis is restarting")
 
     t.checkpoints.save = out  # type: ignore[method-assign]
     t.policy.train_iterations = 10
-    t.maybe_checkpoint()
+    t.hooks.after_round()
     assert t.progress.last_checkpoint == 0 and "not saved" in caplog.text
+
+
+def test_a_crashing_learner_saves_what_it_learned_unless_the_weights_went_bad(tmp_path):
+    t = make_training(tmp_path, every=1000)
+    checkpointing(t)
+    t.policy.train_iterations = 7
+    t.hooks.after_run(crashed=RuntimeError("the loss went NaN"))
+    assert [e.train_iterations for e in t.checkpoints.entries] == [7]
+
+    class NaNPolicy(CountingPolicy):
+        def state_dict(self) -> dict[str, torch.Tensor]:
+            return {"w": torch.tensor([float("nan")]), "train_iterations": torch.tensor(9)}
+
+    t = make_training(tmp_path / "2", NaNPolicy(), every=1000)
+    checkpointing(t)
+    t.policy.train_iterations = 9
+    t.hooks.after_run(crashed=RuntimeError("the loss went NaN"))
+    assert t.checkpoints.entries == []
 
 
 def test_a_resumed_learner_continues_from_its_checkpoint_after_the_newest_version(tmp_path):
@@ -382,14 +409,44 @@ def test_a_resumed_learner_continues_from_its_checkpoint_after_the_newest_versio
     assert t.timers_ms()["update_ms"] == pytest.approx(1.0)  # 10 iterations, not 130
 
 
+def test_checkpoints_carry_the_hooks_state_and_a_resume_gives_it_back(tmp_path):
+    class Seen:
+        def __init__(self) -> None:
+            self.updates = 0
+
+        def after_iter(self, ctx: Any) -> None:
+            self.updates += 1
+
+        def state_dict(self) -> dict:
+            return {"updates": self.updates}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.updates = state["updates"]
+
+    t = make_training(tmp_path, every=2)
+    checkpointing(t)
+    seen = Seen()
+    t.hooks.add_user_hook(seen, 0, "learner.hooks[0]")
+    for _ in range(2):
+        t.policy.learn({})
+        t.hooks.after_iter(LearnOutput({}))
+    t.hooks.after_round()
+    t2 = make_training(tmp_path)
+    again = Seen()
+    t2.hooks.add_user_hook(again, 0, "learner.hooks[0]")
+    t2.resume()
+    assert again.updates == 2 and t2.policy.train_iterations == 2
+
+
 def test_publishing_counts_its_time_and_a_conflict_ends_the_generation(tmp_path):
     t = make_training(tmp_path)
+    hook = Publishing(t.publisher, t.session, t.timers, every=1)
     t.policy.train_iterations = 3
-    t.publish()
+    hook.publish(t.ctx, wait=True)
     assert t.publisher.submitted == [3] and t.timers.publish_s > 0
     t.publisher.conflict = True
     with pytest.raises(GroupError, match="another learner"):
-        t.publish(wait=False)
+        hook.publish(t.ctx, wait=False)
 
 
 def test_an_undelivered_report_gives_its_consumed_chunks_back(tmp_path):
@@ -397,40 +454,42 @@ def test_an_undelivered_report_gives_its_consumed_chunks_back(tmp_path):
     t.progress.feeder = SimpleNamespace(given=[], give_back=lambda c: t.progress.feeder.given
                                         .extend(c))
     consumed = [Consumed(buffer="q", chunk_ids=["a", "b"])]
-    assert t.report(consumed) is False
+    assert Reports(t).send_now(consumed) is False
     assert t.progress.feeder.given == consumed
 
 
 def test_a_report_marks_the_best_checkpoint_and_says_when_the_run_is_over(tmp_path):
     t = make_training(tmp_path, answers={
         "learn-info": LearnInfoResponse(stop=True, best_policy_version=2)})
+    reports = Reports(t)
     t.policy.train_iterations = 10
     t.checkpoints.save(t.policy.state_dict(), 10, 1)
     t.window.add({"loss": torch.tensor(1.0)})
-    t.take_metrics()
-    assert t.report() is True
+    reports.take_metrics()
+    assert reports.send_now() and t.run_over.is_set()
     assert t.checkpoints.best == "ckpt-000000000010"
     (body,) = t.agent.client.bodies("learn-info")
     assert (body.train_iterations, body.metrics, body.consumed) == (10, {"loss": 1.0}, [])
     assert body.metric_counts == {"loss": 1}
-    t.report()  # no update since: the same loss is not reported (and weighed) twice
+    reports.send_now()  # no update since: the same loss is not reported (and weighed) twice
     assert t.agent.client.bodies("learn-info")[-1].metrics == {}
     assert t.progress.metrics == {"loss": 1.0}  # /status still shows the last means
 
 
 def test_a_report_snapshot_takes_the_dataset_scores_once(tmp_path):
     t = make_training(tmp_path)
+    reports = Reports(t)
     t.policy.train_iterations = 4
-    t.dataset_scores = {"action_accuracy": 0.75}
+    t.outbox.dataset_eval = {"action_accuracy": 0.75}
     t.window.add({"loss": 2.0})
-    t.take_metrics()
-    build = t.learn_info()
+    reports.take_metrics()
+    build = reports.snapshot()
     t.window.add({"loss": 3.0})  # the training thread moves on: the snapshot does not
-    t.take_metrics()
+    reports.take_metrics()
     info = build()
     assert isinstance(info, LearnInfo) and info.metrics == {"loss": 2.0}
-    assert info.dataset_eval == {"action_accuracy": 0.75} and t.dataset_scores == {}
-    assert t.learn_info()().dataset_eval == {}
+    assert info.dataset_eval == {"action_accuracy": 0.75} and t.outbox.dataset_eval == {}
+    assert reports.snapshot()().dataset_eval == {}
 
 
 def test_reports_carry_the_learning_rate_of_an_optimized_policy(tmp_path):
@@ -443,7 +502,7 @@ def test_reports_carry_the_learning_rate_of_an_optimized_policy(tmp_path):
     t = make_training(tmp_path)
     t.policy = WithOptimizer()
     t.window.add({"loss": 1})
-    t.take_metrics()
+    Reports(t).take_metrics()
     assert t.progress.metrics == pytest.approx({"loss": 1.0, "learning_rate": 0.01})
 
 
@@ -456,6 +515,7 @@ class FakeFeed:
     responses: list[list[Any]]
     broken: str | None = None
     fetch_s: float = 0.0
+    dropped_responses: int = 0
     stop_run: threading.Event = field(default_factory=threading.Event)
     group_ended: threading.Event = field(default_factory=threading.Event)
     closed: bool = False
@@ -466,40 +526,52 @@ class FakeFeed:
             return None
         return self.responses.pop(0)
 
+    def take_moments(self) -> list[dict]:
+        return []
+
+    def weight_sink(self, storage: Any) -> str:
+        return "sink"
+
     def close(self, wait: bool = True) -> None:
         self.closed = True
 
 
 def batch() -> SimpleNamespace:
-    return SimpleNamespace(data={}, weights=None, item_refs=[])
+    return SimpleNamespace(data={}, weights=None, item_refs=[], samples=[])
 
 
 def test_the_off_policy_loop_learns_publishes_and_ends_with_the_generation(tmp_path,
                                                                           monkeypatch):
     feed = FakeFeed([[batch() for _ in range(3)] for _ in range(2)])
-    monkeypatch.setattr(offpolicy, "open_feed", lambda t: feed)
+    monkeypatch.setattr(off_policy, "open_feed", lambda t: feed)
     t = make_training(tmp_path, learner={"publish_every": 2, "publish_min_interval_s": 0.0,
                                          "data_process": False})
-    assert offpolicy.run_off_policy(t) is False  # the generation ended, not the run
+    loop = OffPolicyLoop(t)
+    loop.formed(t.session.assignment)
+    assert t.publisher.submitted == [0]  # the publisher announces the generation
+    assert loop.run_generation() is False  # the generation ended, not the run
     assert t.policy.train_iterations == 6 and t.progress.train_iterations == 6
-    assert t.publisher.submitted == [2, 4, 6] and t.progress.prefetcher is feed
-    assert feed.closed and t.publisher.routes == [None]
+    assert t.publisher.submitted == [0, 2, 4, 6] and t.progress.prefetcher is feed
+    assert feed.closed and t.publisher.routes == ["sink", None]
     assert t.timers.update_s > 0 and t.timers.wait_s >= 0
-    assert t.agent.client.bodies("learn-info")  # the first report is due at once
+    t.hooks.after_run()  # the reporter's thread is flushed, then the last report goes out
+    reports = t.agent.client.bodies("learn-info")
+    assert len(reports) >= 2 and reports[-1].train_iterations == 6  # the first was due at once
+    assert t.publisher.submitted[-1] == 6 and t.checkpoints.entries[-1].train_iterations == 6
 
 
 def test_the_off_policy_loop_leaves_a_broken_generation_and_stops_with_the_run(tmp_path,
                                                                               monkeypatch):
     feed = FakeFeed([], broken="a chunk of group batch 4 is gone")
-    monkeypatch.setattr(offpolicy, "open_feed", lambda t: feed)
+    monkeypatch.setattr(off_policy, "open_feed", lambda t: feed)
     t = make_training(tmp_path)
     with pytest.raises(GroupError, match="batch 4"):
-        offpolicy.run_off_policy(t)
+        OffPolicyLoop(t).run_generation()
     feed = FakeFeed([[batch() for _ in range(5)]])
-    monkeypatch.setattr(offpolicy, "open_feed", lambda t: feed)
+    monkeypatch.setattr(off_policy, "open_feed", lambda t: feed)
     t = make_training(tmp_path / "2", assigned=assignment(1, rank=1, publisher=False))
     t.policy.on_learn = lambda n: t.closing.set() if n == 2 else None
-    assert offpolicy.run_off_policy(t) is True  # closing: the run is over for this learner
+    assert OffPolicyLoop(t).run_generation() is True  # closing: the run is over here
     assert t.policy.train_iterations == 2 and t.publisher.submitted == []  # not rank 0
 
 
@@ -549,9 +621,9 @@ def ppo_training(tmp_path, answers: dict | None = None) -> Training:
 
 def test_the_on_policy_loop_learns_once_per_rollout_and_reports_what_it_consumed(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(onpolicy, "RolloutFeeder", FakeRollouts)
+    monkeypatch.setattr(on_policy, "RolloutFeeder", FakeRollouts)
     t = ppo_training(tmp_path)
-    assert onpolicy.run_on_policy(t, "q") is False
+    assert OnPolicyLoop(t).run_generation() is False
     assert t.policy.train_iterations == 2 and t.progress.learn_rounds == 2
     assert t.publisher.submitted == [1, 2]
     reports = t.agent.client.bodies("learn-info")
@@ -561,7 +633,25 @@ def test_the_on_policy_loop_learns_once_per_rollout_and_reports_what_it_consumed
 
 
 def test_the_on_policy_loop_stops_when_a_report_says_the_run_is_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(onpolicy, "RolloutFeeder", FakeRollouts)
+    monkeypatch.setattr(on_policy, "RolloutFeeder", FakeRollouts)
     t = ppo_training(tmp_path, answers={"learn-info": LearnInfoResponse(stop=True)})
-    assert onpolicy.run_on_policy(t, "q") is True
+    assert OnPolicyLoop(t).run_generation() is True
     assert t.policy.train_iterations == 1
+
+
+def test_before_run_comes_once_the_group_formed_so_a_hook_sees_its_rank(tmp_path):
+    seen: list[tuple[str, int, bool]] = []
+
+    class Ranks:
+        def before_run(self, ctx: Any) -> None:
+            seen.append(("before_run", ctx.rank, ctx.is_publisher))
+
+        def on_formed(self, ctx: Any) -> None:
+            seen.append(("on_formed", ctx.rank, ctx.is_publisher))
+
+    t = make_training(tmp_path, assigned=assignment(3, rank=1, world_size=2, publisher=False))
+    loop = OffPolicyLoop(t)
+    t.hooks.add_user_hook(Ranks(), 0, "learner.hooks[0]")
+    loop.formed(assignment(3, rank=1, world_size=2, publisher=False))
+    loop.formed(assignment(4, rank=0, world_size=1))  # the group formed again, alone
+    assert seen == [("before_run", 1, False), ("on_formed", 1, False), ("on_formed", 0, True)]

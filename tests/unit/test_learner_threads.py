@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from rlfleet.learner.publisher import PublishConflict, Publisher
-from rlfleet.learner.reporter import Reporter
+from rlfleet.learner.output.publisher import PublishConflict, Publisher
+from rlfleet.learner.output.reporter import Reporter
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.contract.wire.sampling import LearnInfo, PriorityUpdate
 from rlfleet.shared.infra.http import HttpClient

@@ -15,7 +15,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlfleet.learner.histograms import histogram
+from rlfleet.learner.observe.histograms import histogram
 from rlfleet.shared.contract.config import LoggingConfig, ScopeConfig, WandbConfig
 from rlfleet.shared.telemetry.logger import RunLogger
 

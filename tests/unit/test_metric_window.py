@@ -1,6 +1,7 @@
-"""The learner's metrics between reports (`learner/metric_window.py`), the coordinator's train
-records made of them (`coordinator/runlog.py`), its alerts (`coordinator/health.py`) and the
-learner's data-shortage clock (`learner/shortage.py`)."""
+"""The learner's metrics between reports (`learner/observe/metric_window.py`), the
+coordinator's train records made of them (`coordinator/runlog.py`), its alerts
+(`coordinator/health.py`) and the learner's data-shortage clock
+(`learner/observe/shortage.py`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pydantic import ValidationError
 from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.runlog import RunLog
-from rlfleet.learner.metric_window import FOLD_AT, MAX_ARRAY_ELEMENTS, MetricWindow
-from rlfleet.learner.shortage import DataShortage
+from rlfleet.learner.observe.metric_window import FOLD_AT, MAX_ARRAY_ELEMENTS, MetricWindow
+from rlfleet.learner.observe.shortage import DataShortage
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.wire.base import Role
 from rlfleet.shared.contract.wire.sampling import LearnInfo

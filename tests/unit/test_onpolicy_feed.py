@@ -1,4 +1,4 @@
-"""learner/rollouts.py against a real coordinator over HTTP: whole chunks from a queue buffer
+"""learner/feed/rollouts.py against a real coordinator over HTTP: whole chunks from a queue buffer
 become rollouts; chunks acted by a policy too many versions old are dropped and counted, and
 every chunk handed out, used or dropped, is reported consumed so the queue releases it."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.rollouts import RolloutFeeder, is_stale
+from rlfleet.learner.feed.rollouts import RolloutFeeder, is_stale
 from rlfleet.shared.contract.codec import decode_arrays
 from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.contract.wire.sampling import LearnInfo, LearnInfoResponse

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.checkpoints import CheckpointStore
+from rlfleet.learner.output.checkpoints import CheckpointStore
 from rlfleet.local.launcher import check_config
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig

@@ -1,5 +1,5 @@
 """shared/replay/buffers/sequence.py (SequenceBuffer, R2D2's replay) and the learner's plumbing
-for its batches (learner/sampling.py, shared/batching/batching.py, learner/dataproc.py).
+for its batches (learner/feed/sampling.py, shared/batching/batching.py, learner/feed/dataproc.py).
 
 Statistical tests use fixed seeds, so each outcome is deterministic; the thresholds say what
 "follows the distribution" means (see tests/unit/test_prioritized.py for the chi-square
@@ -646,7 +646,7 @@ def test_assemble_from_gives_sequences_with_their_state(rollout_chunks, transfor
 
 @pytest.mark.parametrize("transforms", [None, "reward"])
 def test_the_data_process_lays_out_sequences_with_their_state(rollout_chunks, transforms):
-    from rlfleet.learner.dataproc import ShmWriter
+    from rlfleet.learner.feed.dataproc_child import ShmWriter
     from rlfleet.shared.batching.arena import ChunkArena
     from rlfleet.shared.batching.transforms import BatchTransforms
 

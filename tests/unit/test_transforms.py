@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfleet.learner.dataproc import DataProcess
+from rlfleet.learner.feed.dataproc import DataProcess
 from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.batching.batching import assemble, assemble_from

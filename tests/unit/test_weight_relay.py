@@ -1,5 +1,5 @@
-"""Policy versions stored by the learner's data process (`learner/weight_relay.py`): the bytes
-are the ones the learner would have written, conflicts and outages reach the publisher as
+"""Policy versions stored by the learner's data process (`learner/output/weight_relay.py`):
+the bytes are the ones the learner would have written, conflicts and outages reach the publisher as
 storage's own errors, and a version the data process cannot store (it died, or a dtype
 numpy lacks) is stored by the learner, in order and without a gap."""
 
@@ -13,8 +13,13 @@ import pytest
 import torch
 from safetensors.torch import save as torch_save
 
-from rlfleet.learner.publisher import PublishConflict, Publisher
-from rlfleet.learner.weight_relay import RelayClient, RelayUnavailable, WeightRegion, WeightRelay
+from rlfleet.learner.output.publisher import PublishConflict, Publisher, RelaySink
+from rlfleet.learner.output.weight_relay import (
+    RelayClient,
+    RelayUnavailable,
+    WeightRegion,
+    WeightRelay,
+)
 from rlfleet.shared.contract.codec import decode_weights, encode_weights
 from rlfleet.shared.infra.storage import StorageError, VersionConflict, open_storage
 
@@ -57,15 +62,15 @@ def test_versions_go_through_the_data_process_as_the_learner_would_write_them(
     store = open_storage(str(c.storage_dir), "run")
     try:
         meta = {"policy_version": "0", "train_iterations": "25"}
-        dp.put_weights(0, _state(1.0), meta)
+        dp.put(0, _state(1.0), meta)
         assert store.latest_version() == 0
         assert _same(store.get_weights(0)[1], _state(1.0), meta)
         assert _weight_files(dp) == []  # the name goes once the data process has it
 
         with pytest.raises(VersionConflict):  # another learner's version 0 stands
-            dp.put_weights(0, _state(2.0), meta)
+            dp.put(0, _state(2.0), meta)
         big = _state(3.0, width=4096)  # outgrows the region: a new one
-        dp.put_weights(1, big, {"policy_version": "1"})
+        dp.put(1, big, {"policy_version": "1"})
         tensors, got = decode_weights(store.get_weights(1)[1])
         assert got == {"policy_version": "1"} and torch.equal(tensors["net.0.weight"],
                                                              big["net.0.weight"])
@@ -82,7 +87,7 @@ def test_a_data_process_that_dies_hands_publishing_back_to_the_learner(coordinat
     store = open_storage(str(c.storage_dir), "run")
     publisher = Publisher(threading.Event())
     publisher.attach(store, -1)
-    publisher.route(dp.put_weights)
+    publisher.use(dp.weight_sink(store))
     try:
         for i in range(3):
             publisher.submit(_state(float(i)), i)
@@ -122,13 +127,13 @@ def test_an_outage_reaches_the_publisher_as_a_storage_error_and_no_version_is_lo
     client = RelayClient(WeightRegion(shm, "relay-"), relay.submit, lambda: None)
     publisher = Publisher(threading.Event())
     publisher.attach(store, -1)
-    publisher.route(client.put_weights)
+    publisher.use(RelaySink(client, store))
     try:
         publisher.submit(_state(0.0), 0)
         assert publisher.flush(timeout_s=10) and publisher.relayed == 1
         redis_server.kill()
         with pytest.raises(StorageError):
-            client.put_weights(1, _state(1.0), {})
+            client.put(1, _state(1.0), {})
         publisher.submit(_state(1.0), 1)
         assert not publisher.flush(timeout_s=1.0)  # still retrying
         publisher.submit(_state(2.0), 2)           # replaces the state that waits
@@ -149,20 +154,21 @@ def test_a_relay_that_is_gone_says_so_before_copying_anything(tmp_path):
     region = WeightRegion(tmp_path, "relay-")
     client = RelayClient(region, lambda message: None, lambda: "the data process has exited")
     with pytest.raises(RelayUnavailable, match="exited"):
-        client.put_weights(0, _state(0.0), {})
+        client.put(0, _state(0.0), {})
     assert region.path is None and list(tmp_path.iterdir()) == []
 
 
 def test_a_version_the_data_process_stored_as_it_died_is_no_conflict(tmp_path):
     store = open_storage(str(tmp_path / "s"))
 
-    def store_then_die(version, state, metadata):
-        store.put_weights(version, encode_weights(state, metadata))
-        raise RelayUnavailable("the data process has exited (code -9)")
+    class StoreThenDie:
+        def put(self, version, state, metadata):
+            store.put_weights(version, encode_weights(state, metadata))
+            raise RelayUnavailable("the data process has exited (code -9)")
 
     publisher = Publisher(threading.Event())
     publisher.attach(store, -1)
-    publisher.route(store_then_die)
+    publisher.use(RelaySink(StoreThenDie(), store))
     try:
         for i in range(3):
             publisher.submit(_state(float(i)), i)
