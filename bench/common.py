@@ -560,10 +560,10 @@ class Evaluated:
     outcome: str = ""
 
     @classmethod
-    def up(cls, variant: str, seed: int, config: Path, collectors: int, run_dir: Path,
+    def up(cls, variant: str, seed: int, config: Path, collectors: int, run_dir: Path, /,
            **fields: Any) -> Self:
         """`rlfleet up` of `config` into `run_dir` (`run_up`), read back; `fields` are a
-        subclass's own."""
+        subclass's own (a `run_dir` among them, where it keeps one)."""
         done = run_up(run_dir, config, collectors, f"{variant} seed {seed}")
         run = cls(variant, seed, list(done.evaluations), outcome=done.outcome, **fields)
         if done.summary:
