@@ -96,8 +96,8 @@ docs: $(STAMP)
 		&& echo "docs built in $$out/site"
 
 bench: $(STAMP)
-	$(PY) bench/throughput.py
-	$(PY) bench/time_to_solve.py --algo dqn
+	$(PY) -m bench.throughput
+	$(PY) -m bench.time_to_solve --algo dqn
 
 clean:
 	rm -rf $(VENV) $(VENV313) runs .pytest_cache .ruff_cache

@@ -15,7 +15,7 @@ end, the rows the learner learned on (chunks consumed from the queue, less the o
 dropped as stale) over the env steps collected; the rest were dropped by the coordinator or
 the learner for their age, or were still queued when the run stopped.
 
-    python bench/async_algos.py [--seeds 0 1 2 3 4] [--step-ms 1] [--collectors 4] [--short]
+    python -m bench.async_algos [--seeds 0 1 2 3 4] [--step-ms 1] [--collectors 4] [--short]
 
 Goal: APPO learns from >= 0.95 of what is collected and solves no later in wall time than
 PPO. The last line of stdout is one JSON object: `appo_solve_s`, `ppo_solve_s`,
@@ -28,28 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
-    emit,
-    exit_on_signals,
     fmt,
     log,
     median,
     parse_args,
-    print_tables,
+    report,
     rounded,
+    run_main,
+    write_yaml,
 )
-from bench.time_to_solve import run_cluster  # noqa: E402
-from rlfleet.shared.run.config import load_config  # noqa: E402
+from bench.time_to_solve import run_cluster
+from rlfleet.shared.run.config import load_config
 
 SLOW_ENV = "bench.slow_env:SlowCartPole"
 ALGOS = {"ppo": "cartpole-ppo.yaml", "appo": "cartpole-appo.yaml"}
@@ -66,9 +62,7 @@ def slow_config(algo: str, work: Path, step_s: float, stop_value: float | None) 
     data["stop"]["max_wall_s"] = 300
     if stop_value is not None:
         data["eval"]["stop_value"] = stop_value
-    path = work / f"{algo}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_yaml(work / f"{algo}.yaml", data)
 
 
 def used_fraction(run_dir: Path) -> tuple[float | None, dict]:
@@ -124,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-value", type=float, default=None,
                         help="the evaluation return that ends a run (default: the configs')")
     args = parse_args(parser, argv, SHORT)
-    exit_on_signals()
     work = Path(tempfile.mkdtemp(prefix="rlfleet-async-"))
     rows: list[dict] = []
     try:
@@ -144,21 +137,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"{fmt(run.solve_env_steps, ',')} env steps, used {fmt(used, '.3f')}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_tables(table(rows))
-
     def med(algo: str, key: str) -> float | None:
         return rounded(median(r[key] for r in rows if r["algo"] == algo), 3)
 
-    emit({"appo_solve_s": med("appo", "solve_s"), "ppo_solve_s": med("ppo", "solve_s"),
-          "appo_used_fraction": med("appo", "used"), "ppo_used_fraction": med("ppo", "used"),
-          "appo_solve_env_steps": med("appo", "solve_env_steps"),
-          "ppo_solve_env_steps": med("ppo", "solve_env_steps"),
-          "solved": {a: sum(r["solved"] for r in rows if r["algo"] == a) for a in ALGOS},
-          "seeds": args.seeds, "collectors": args.collectors, "step_ms": args.step_ms,
-          "runs": [{k: (rounded(v, 3) if isinstance(v, float) else v)
-                    for k, v in r.items()} for r in rows]})
+    report({"appo_solve_s": med("appo", "solve_s"), "ppo_solve_s": med("ppo", "solve_s"),
+            "appo_used_fraction": med("appo", "used"), "ppo_used_fraction": med("ppo", "used"),
+            "appo_solve_env_steps": med("appo", "solve_env_steps"),
+            "ppo_solve_env_steps": med("ppo", "solve_env_steps"),
+            "solved": {a: sum(r["solved"] for r in rows if r["algo"] == a) for a in ALGOS},
+            "seeds": args.seeds, "collectors": args.collectors, "step_ms": args.step_ms,
+            "runs": [{k: (rounded(v, 3) if isinstance(v, float) else v)
+                      for k, v in r.items()} for r in rows]}, table(rows))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

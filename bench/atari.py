@@ -19,7 +19,7 @@ constant epsilon so the Nature CNN acts on every step), one collector and one le
 Each ceiling is measured in two halves, one right before and one right after its cluster
 window, so drift in the machine's load hits both alike; `--repeats` runs the whole in turn.
 
-    python bench/atari.py [--seconds 20] [--backends sync async envpool] [--repeats 1] [--short]
+    python -m bench.atari [--seconds 20] [--backends sync async envpool] [--repeats 1] [--short]
 
 Goals: `collector_ratio` >= 0.8, `bytes_per_step` <= 7,500, `learner_utilisation` >= 0.9.
 The last line of stdout is one JSON object with those keys (medians over repeats, sync
@@ -31,44 +31,36 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
-    CpuWindow,
-    emit,
-    exit_on_signals,
+    coordinator_up,
     fmt,
     free_running_data,
     log,
+    mean_rate,
     median,
     parse_args,
-    print_tables,
     ratio,
+    report,
     rounded,
+    run_main,
+    write_yaml,
 )
-from bench.throughput import (  # noqa: E402
+from bench.throughput import (
+    beside_ceiling,
     fill_memory_replay,
-    mean_rate,
-    measure_counter,
     rollout_steps_per_s,
-    start_worker,
     update_loop_per_s,
-    write_config,
 )
-from rlfleet.local.launcher import LocalCluster  # noqa: E402
-from rlfleet.shared.contract.codec import decode_arrays, encode_arrays  # noqa: E402
-from rlfleet.shared.contract.frames import pack, unpack  # noqa: E402
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
-from rlfleet.shared.infra.http import HttpClient  # noqa: E402
-from rlfleet.shared.infra.storage import DirectoryStorage  # noqa: E402
+from rlfleet.local.launcher import LocalCluster
+from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.frames import pack, unpack
+from rlfleet.shared.infra.storage import DirectoryStorage
 from rlfleet.shared.run.config import RunConfig, parse_config
 
 CONFIG = REPO_ROOT / "configs" / "pong-dqn.yaml"
@@ -125,59 +117,42 @@ def stored_bytes(storage: str) -> dict[str, float]:
 def one_run(args, work: Path, run: int) -> dict:
     out: dict = {"collect": {}, "ceiling_collect": {}}
     storage_of_sync = None
+    half = args.seconds / 2
     for backend in args.backends:
         name = f"bench-atari-{os.getpid()}-{run}-{backend}"
         storage = str(work / name / "storage")
         cfg = bench_config(name, storage, args.epsilon, backend, args.num_envs,
                            args.chunk_size, args.batches_per_request)
         run_dir = work / name
-        cluster = LocalCluster(write_config(cfg, run_dir / "config.yaml"), run_dir, storage)
-        client = None
+        cluster = LocalCluster(write_yaml(run_dir / "config.yaml", cfg), run_dir, storage)
         try:
-            coordinator = cluster.start_coordinator()
-            client = HttpClient(coordinator.url, timeout_s=10, retries=2)
-            half = args.seconds / 2
-            log(f"[{run}] ({backend}) in-process rollout, first half...")
-            halves = [rollout_steps_per_s(cfg, half, args.epsilon, args.seed)]
-            log(f"[{run}] ({backend}) collector: starting...")
-            collector = start_worker(cluster, client, "collector", "env_steps")
-            time.sleep(args.warmup)
-            log(f"[{run}] ({backend}) collector: measuring for {args.seconds:g} s...")
-            window = measure_counter(client, "env_steps", args.seconds, CpuWindow(
-                {"collector": collector.proc.pid, "coordinator": coordinator.proc.pid}),
-                collector)
-            cluster.stop([collector])
-            log(f"[{run}] ({backend}) in-process rollout, second half...")
-            halves.append(rollout_steps_per_s(cfg, half, args.epsilon, args.seed))
-            out["collect"][backend] = window.rate
-            out["ceiling_collect"][backend] = mean_rate(halves)
-            if storage_of_sync is not None or backend != args.backends[0]:
-                continue
-            storage_of_sync = storage
-            out["bytes"] = stored_bytes(storage)
-            if args.no_learner:
-                continue
-            size = client.get(f"{API}/status")["buffer"]["size"]
-            log(f"[{run}] (learner) filling an in-memory buffer to {size:,} transitions...")
-            memory = fill_memory_replay(cfg, size, args.seed)
-            memory.chunks = {cid: pack(a) for cid, a in memory.chunks.items()}
-            learn_halves = [update_loop_per_s(cfg, memory, half, args.seed)]
-            log(f"[{run}] (learner) starting...")
-            learner = start_worker(cluster, client, "learner", "train_iterations",
-                                   timeout_s=180)
-            time.sleep(args.warmup)
-            log(f"[{run}] (learner) measuring for {args.seconds:g} s...")
-            lw = measure_counter(client, "train_iterations", args.seconds, CpuWindow(
-                {"learner": learner.proc.pid, "coordinator": coordinator.proc.pid}), learner)
-            cluster.stop([learner])
-            learn_halves.append(update_loop_per_s(cfg, memory, half, args.seed))
-            out["learn"] = lw.rate
-            out["ceiling_learn"] = mean_rate(learn_halves)
-            del memory
+            with coordinator_up(cluster) as local:
+                window, halves = beside_ceiling(
+                    local, f"[{run}] ({backend})", "rollout",
+                    lambda cfg=cfg: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
+                    "collector", "env_steps", args.seconds, args.warmup)
+                out["collect"][backend] = window.rate
+                out["ceiling_collect"][backend] = mean_rate(halves)
+                if storage_of_sync is not None or backend != args.backends[0]:
+                    continue
+                storage_of_sync = storage
+                out["bytes"] = stored_bytes(storage)
+                if args.no_learner:
+                    continue
+                size = local.buffer_size()
+                log(f"[{run}] (learner) filling an in-memory buffer to {size:,} transitions...")
+                memory = fill_memory_replay(cfg, size, args.seed)
+                memory.chunks = {cid: pack(a) for cid, a in memory.chunks.items()}
+                learned, learn_halves = beside_ceiling(
+                    local, f"[{run}]", "update loop",
+                    lambda cfg=cfg, memory=memory: update_loop_per_s(cfg, memory, half,
+                                                                     args.seed),
+                    "learner", "train_iterations", args.seconds, args.warmup,
+                    start_timeout_s=180)
+                out["learn"] = learned.rate
+                out["ceiling_learn"] = mean_rate(learn_halves)
+                del memory
         finally:
-            if client is not None:
-                client.close()
-            cluster.shutdown()
             shutil.rmtree(run_dir, ignore_errors=True)
     return out
 
@@ -253,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     frame_skip = bench_config("x", str(work), args.epsilon, "sync").env.frame_skip
     runs = [figures(one_run(args, work, i + 1), frame_skip) for i in range(args.repeats)]
     shutil.rmtree(work, ignore_errors=True)
-    print_tables(table(runs, args.backends))
     first = args.backends[0]
     result = {
         "collector_ratio": rounded(median(r.get(f"collector_ratio_{first}") for r in runs)),
@@ -265,10 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             median(r.get(f"collector_ratio_{backend}") for r in runs))
     result |= {"goals": GOALS, "seconds": args.seconds, "epsilon": args.epsilon,
                "backend": first, "runs": runs}
-    emit(result)
+    report(result, table(runs, args.backends))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

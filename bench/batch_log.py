@@ -14,7 +14,7 @@ their spread):
   beside the DQN update it follows (CartPole's network, batch 256): with
   `every_train_iterations: 100`, one update in 100 pays it.
 
-    python bench/batch_log.py [--seconds 1.0] [--rounds 3] [--unique 262144]
+    python -m bench.batch_log [--seconds 1.0] [--rounds 3] [--unique 262144]
                               [--capacity 100000] [--short]
 """
 
@@ -22,30 +22,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from rich.table import Table  # noqa: E402
+from bench.common import REPO_ROOT, fmt, log, parse_args, report, rounded, run_main
+from rlfleet.coordinator.batch_log import BatchLog
+from rlfleet.learner.observe.batch_log import BatchLogTaker
+from rlfleet.shared.algos.registry import make_policy
+from rlfleet.shared.batching.batching import Batch
+from rlfleet.shared.contract.config import BatchLogConfig
+from rlfleet.shared.envs.make import run_spec
+from rlfleet.shared.replay.buffers.base import ChunkInfo
+from rlfleet.shared.replay.buffers.ring import UniformBuffer
+from rlfleet.shared.run.config import load_config
 
-from bench.common import emit, exit_on_signals, fmt, log, parse_args, print_tables, rounded  # noqa: E402
-from rlfleet.coordinator.batch_log import BatchLog  # noqa: E402
-from rlfleet.learner.observe.batch_log import BatchLogTaker  # noqa: E402
-from rlfleet.shared.algos.registry import make_policy  # noqa: E402
-from rlfleet.shared.batching.batching import Batch  # noqa: E402
-from rlfleet.shared.contract.config import BatchLogConfig  # noqa: E402
-from rlfleet.shared.envs.make import run_spec  # noqa: E402
-from rlfleet.shared.replay.buffers.base import ChunkInfo  # noqa: E402
-from rlfleet.shared.replay.buffers.ring import UniformBuffer  # noqa: E402
-from rlfleet.shared.run.config import load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 CHUNK = 128
 BATCH, BATCHES = 64, 64          # a learner's sample request (configs/cartpole-dqn.yaml)
 LOGGED, UPDATE_BATCH = 256, 256  # samples logged per logged update; the update's batch
@@ -105,7 +101,7 @@ def coordinator_round(budget: float, capacity: int, unique: int, seed: int
 
 
 def learner_round(budget: float, seed: int) -> dict[str, float]:
-    cfg = load_config(REPO / "configs" / "cartpole-dqn.yaml")
+    cfg = load_config(REPO_ROOT / "configs" / "cartpole-dqn.yaml")
     policy = make_policy(cfg.algo, run_spec(cfg), seed)
     rng = np.random.default_rng(seed)
     data = {"obs": torch.as_tensor(rng.normal(size=(UPDATE_BATCH, 4)), dtype=torch.float32),
@@ -180,13 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row(f"logging {LOGGED} samples of an update, us", fmt(result["take_us"]),
                   spread("take_us"),
                   f"{100 * result['take_per_update_share']:.2f}% of updates at 1 in 100")
-    print_tables(table)
-    emit({k: rounded(result[k], 4) for k in FIGURES}
-         | {"rounds": args.rounds, "unique_in_memory": args.unique,
-            "capacity": args.capacity})
+    report({k: rounded(result[k], 4) for k in FIGURES}
+           | {"rounds": args.rounds, "unique_in_memory": args.unique,
+              "capacity": args.capacity}, table)
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

@@ -20,36 +20,23 @@ Every figure is the same work in the same process on the same machine, timed wit
 `time.perf_counter` over a fixed wall budget after one warm-up call (the first fill: whole
 fills on fresh buffers until the budget is spent; the bulk update: one call).
 
-    python bench/buffer.py [--seconds 1.5] [--capacity 1000000] [--seed 0] [--short]
+    python -m bench.buffer [--seconds 1.5] [--capacity 1000000] [--seed 0] [--short]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from rich.markup import escape
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-from rich.markup import escape  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
-    emit,
-    exit_on_signals,
-    fmt,
-    log,
-    parse_args,
-    print_tables,
-    ratio,
-    rounded,
-)
-from rlfleet.shared.replay.buffers.base import ChunkInfo  # noqa: E402
-from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer  # noqa: E402
+from bench.common import fmt, log, parse_args, ratio, report, rounded, run_main
+from rlfleet.shared.replay.buffers.base import ChunkInfo
+from rlfleet.shared.replay.buffers.ring import PrioritizedBuffer
 
 ALPHA = 0.6
 BETA = 0.4
@@ -328,11 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         "capacity": n,
         "goal_sample_items_per_s": SAMPLE_GOAL,
     }
-    print_tables(t)
-    emit(result)
+    report(result, t)
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

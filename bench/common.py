@@ -1,11 +1,15 @@
-"""What the benchmark scripts share: output conventions, storage handling, CPU accounting,
-and playing a collector (prefilling a buffer with no collector process).
+"""What the benchmarks share: their entry and output conventions, configs written for a run,
+`rlfleet up` and a local cluster driven step by step, waiting on a condition, rates over
+windows with CPU accounting, storage handling, and playing a collector (prefilling a buffer
+with no collector process).
 
-Conventions: progress goes to stderr; stdout carries the human table (rich) and, as its very
-last line, one JSON object (`emit`), so `python bench/x.py | tail -n1` is machine-readable.
-Every bench names the keys of that object it measures in a module-level `FIGURES` tuple, and
-takes `--short` (`parse_args`): a run of seconds that still measures each of them, which
-`tests/integration/test_benches.py` runs so that a bench cannot break unseen.
+Every bench is a module run from the repository root, `python -m bench.<name> [options]`,
+whose `__main__` is `run_main(main)`. Conventions: progress goes to stderr; stdout carries the
+human tables (rich) and, as its very last line, one JSON object (`report`, `emit`), so
+`python -m bench.x | tail -n1` is machine-readable. Every bench names the keys of that object
+it measures in a module-level `FIGURES` tuple, and takes `--short` (`parse_args`): a run of
+seconds that still measures each of them, which `tests/integration/test_benches.py` runs so
+that a bench cannot break unseen.
 """
 
 from __future__ import annotations
@@ -22,13 +26,23 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 
 from rich.console import Console
+
+if TYPE_CHECKING:  # imported where used: a bench pays only for what it uses
+    from pydantic import BaseModel
+
+    from rlfleet.local.launcher import Child, LocalCluster
+    from rlfleet.shared.infra.http import HttpClient
+
+T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +64,20 @@ def emit(result: dict) -> None:
     """The machine part of stdout: one JSON object, the very last line."""
     sys.stdout.flush()
     print(json.dumps(result, sort_keys=False), flush=True)
+
+
+def report(result: dict, *tables) -> None:
+    """A bench's whole stdout: its tables for a reader, then `result` as the last line for a
+    program (`| tail -n1`)."""
+    print_tables(*tables)
+    emit(result)
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """A bench's `__main__`: SIGTERM and SIGHUP end it as Ctrl-C does (`exit_on_signals`), so
+    the clusters it started stop with it, and `main`'s return is its exit code."""
+    exit_on_signals()
+    sys.exit(main())
 
 
 # -- short mode and declared figures --------------------------------------------------------
@@ -136,7 +164,20 @@ def rounded(value: float | None, digits: int = 3) -> float | int | None:
     return int(round(value)) if digits == 0 else round(value, digits)
 
 
-# -- storage ------------------------------------------------------------------------------
+# -- configs and storage ------------------------------------------------------------------
+
+def write_yaml(path: Path, data: Mapping[str, Any] | BaseModel) -> Path:
+    """A config written where a run (or a launcher) reads it: a model as its JSON form, keys
+    in their order."""
+    import yaml
+    from pydantic import BaseModel
+
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
+    return path
+
 
 def free_running_data(base: Path, name: str, storage: str, epsilon: float) -> dict:
     """The base config as a dict, made free-running for a throughput measurement: no
@@ -178,7 +219,8 @@ def clear_storage(url: str, namespace: str) -> None:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """A process's children's pids, from /proc (every thread's `children`)."""
     kids: list[int] = []
     try:
         for task in os.listdir(f"/proc/{pid}/task"):
@@ -201,7 +243,7 @@ def tree_cpu_s(pid: int) -> float:
             total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
         except (OSError, IndexError, ValueError):
             continue
-        stack += _children(p)
+        stack += child_pids(p)
     return total
 
 
@@ -368,7 +410,7 @@ def prefill(coordinator_url: str, storage: str, namespace: str,
     return reported
 
 
-# -- stopping: a bench that is told to stop takes its children with it ---------------------------
+# -- stopping: a bench that is told to stop takes its children with it --------------------
 
 def die_with_parent() -> None:
     """A `preexec_fn` for a bench's child (`rlfleet up`): the kernel sends it SIGTERM when
@@ -389,45 +431,256 @@ def exit_on_signals() -> None:
         signal.signal(sig, _exit)
 
 
+# -- processes: waiting on them, stopping them --------------------------------------------
+
+class WaitTimeout(RuntimeError):
+    """A condition a bench waited on did not hold in time."""
+
+
+def wait_for(get: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.2) -> T:
+    """`get()`, polled every `interval_s`, until it returns something true (returned): what
+    a bench waits for is another process's state (its HTTP status, a counter), which can be
+    asked, not waited on. `get` raises to give up early (a process that exited);
+    `WaitTimeout` names `what` past the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := get()):
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"no {what} after {timeout_s:g} s")
+        time.sleep(interval_s)
+    return value
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, what: str, timeout_s: float = 90.0,
+                 log_path: Path | None = None) -> None:
+    """Until the server `proc` runs answers `url`/health; RuntimeError, with the end of its
+    log, if it exits first."""
+    import requests
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            tail = f":\n{log_path.read_text(errors='replace')[-2000:]}" if log_path else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}{tail}")
+        try:
+            return requests.get(f"{url}/health", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    wait_for(healthy, timeout_s, f"answer from {what} at {url}/health", interval_s=0.1)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM (a server drains and exits 0), then SIGKILL if it is still there after
+    `timeout_s`; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+# -- rlfleet up: a whole run in a subprocess ----------------------------------------------
+
+def up_command(config: Path, run_dir: Path, collectors: int, *options: str) -> list[str]:
+    """`rlfleet up` of `config` into `run_dir`, quiet (its summary is read from the run dir),
+    with `options` (`--seed`, `--storage`, `--max-wall-s`, ...) added."""
+    return [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
+            "--collectors", str(collectors), "--run-dir", str(run_dir), *options, "--quiet"]
+
+
+def start_up(config: Path, run_dir: Path, collectors: int, *options: str,
+             log_path: Path | None = None) -> subprocess.Popen:
+    """`up_command` started from the repository root, its output in `log_path` (default:
+    `up.log` in the run dir); it dies with the bench (`die_with_parent`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_path or run_dir / "up.log", "wb") as out:
+        return subprocess.Popen(up_command(config, run_dir, collectors, *options), stdout=out,
+                                stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                preexec_fn=die_with_parent)
+
 
 @dataclass
 class UpRun:
     """What one `rlfleet up` of a bench left: its exit code, `summary.json` (None when it
-    wrote none) and its deterministic evaluations as (env steps, return, seconds into the
-    run)."""
+    wrote none) and its run dir."""
 
     code: int
     summary: dict | None
-    evaluations: list[tuple[int, float, float]] = field(default_factory=list)
+    run_dir: Path
 
     @property
     def outcome(self) -> str:
         return self.summary["outcome"] if self.summary else f"exit {self.code}"
 
+    @cached_property
+    def evaluations(self) -> list[tuple[int, float, float]]:
+        """The run's deterministic evaluations as (env steps, return, seconds into the run),
+        from its metrics (read once, when asked: a bench that times the run need not)."""
+        from rlfleet.shared.telemetry.rundata import load_run
 
-def run_up(run_dir: Path, config: Path, collectors: int, what: str) -> UpRun:
-    """`rlfleet up` on `config` into `run_dir` (its output in `up.log` there), read back;
-    `what` names the run in the line logged when it left no summary."""
-    from rlfleet.shared.telemetry.rundata import load_run
+        if not (self.run_dir / "metrics.jsonl").exists():
+            return []
+        run = load_run(self.run_dir)
+        key = "eval/deterministic/return_mean"
+        if key not in run:
+            return []
+        steps, values, walls = run.series(key)
+        start = min(float(cols["wall_time"].min()) for cols in run.scopes.values())
+        return [(int(s), float(v), float(w - start))
+                for s, v, w in zip(steps, values, walls, strict=True)]
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet"]
-    with open(run_dir / "up.log", "wb") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               preexec_fn=die_with_parent)
+
+def run_up(run_dir: Path, config: Path, collectors: int, what: str, *options: str) -> UpRun:
+    """`rlfleet up` on `config` into `run_dir` (its output in `up.log` there), waited for and
+    read back; `what` names the run in the line logged when it left no summary."""
+    with start_up(config, run_dir, collectors, *options) as proc:
+        try:
+            code = proc.wait()
+        except BaseException:  # as `subprocess.call`: a bench told to stop kills its run
+            proc.kill()
+            raise
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     if summary is None:
         log(f"[red]{what}: rlfleet up exited with {code} and no summary; see "
             f"{run_dir / 'up.log'}[/]")
-    up = UpRun(code, summary)
-    if (run_dir / "metrics.jsonl").exists():
-        run = load_run(run_dir)
-        key = "eval/deterministic/return_mean"
-        if key in run:
-            steps, values, walls = run.series(key)
-            start = min(float(cols["wall_time"].min()) for cols in run.scopes.values())
-            up.evaluations = [(int(s), float(v), float(w - start)) for s, v, w in
-                              zip(steps, values, walls, strict=True)]
-    return up
+    return UpRun(code, summary, run_dir)
+
+
+@dataclass
+class Evaluated:
+    """One run of a config (`variant`) and a seed, read as its deterministic evaluations: what
+    the benches that compare configs by how they learn tabulate."""
+
+    variant: str
+    seed: int
+    evaluations: list[tuple[int, float, float]] = field(default_factory=list)
+    """(env steps, return, seconds into the run) of each evaluation"""
+    env_steps: int = 0
+    wall_s: float | None = None
+    outcome: str = ""
+
+    @classmethod
+    def up(cls, variant: str, seed: int, config: Path, collectors: int, run_dir: Path, /,
+           **fields: Any) -> Self:
+        """`rlfleet up` of `config` into `run_dir` (`run_up`), read back; `fields` are a
+        subclass's own (a `run_dir` among them, where it keeps one)."""
+        done = run_up(run_dir, config, collectors, f"{variant} seed {seed}")
+        run = cls(variant, seed, list(done.evaluations), outcome=done.outcome, **fields)
+        if done.summary:
+            run.env_steps, run.wall_s = done.summary["env_steps"], done.summary["wall_seconds"]
+        return run
+
+    @property
+    def best(self) -> float | None:
+        return max((r for _, r, _ in self.evaluations), default=None)
+
+    @property
+    def last(self) -> float | None:
+        return self.evaluations[-1][1] if self.evaluations else None
+
+    def first(self, reached: Callable[[float], bool]) -> tuple[int, float] | None:
+        """(env steps, seconds into the run) of the first evaluation whose return `reached`."""
+        return next(((s, t) for s, r, t in self.evaluations if reached(r)), None)
+
+    def row(self) -> dict:
+        """The run's fields for a bench's JSON, its evaluations left out."""
+        return {k: v for k, v in asdict(self).items() if k != "evaluations"}
+
+
+# -- a local cluster driven step by step --------------------------------------------------
+
+class WorkerFailed(RuntimeError):
+    """A worker that exited or reports an error, or a learner group that did not form."""
+
+
+@dataclass
+class LocalRun:
+    """A `LocalCluster` whose coordinator answers, and a client of that coordinator: what a
+    bench holds that starts, measures and stops workers one at a time."""
+
+    cluster: LocalCluster
+    coordinator: Child
+    client: HttpClient
+
+    def status(self) -> dict:
+        """The coordinator's `/status`: counters, buffer, workers, learner group."""
+        from rlfleet.shared.contract.wire.base import API
+
+        return self.client.get(f"{API}/status")
+
+    def counter(self, name: str) -> int:
+        return self.status()["counters"][name]
+
+    def buffer_size(self) -> int:
+        """Transitions the coordinator's buffers hold."""
+        return self.status()["buffer"]["size"]
+
+
+@contextmanager
+def coordinator_up(cluster: LocalCluster) -> Iterator[LocalRun]:
+    """`cluster`'s coordinator started and answering, for the block; then the client closed
+    and the whole cluster (whatever workers the block left) shut down."""
+    from rlfleet.shared.infra.http import HttpClient
+
+    client: HttpClient | None = None
+    try:
+        coordinator = cluster.start_coordinator()
+        client = HttpClient(coordinator.url, timeout_s=10, retries=2)
+        yield LocalRun(cluster, coordinator, client)
+    finally:
+        if client is not None:
+            client.close()
+        cluster.shutdown()
+
+
+def worker_status(child: Child, timeout_s: float = 5.0, retries: int = 1) -> dict:
+    """A worker's own `/status` (what it says about itself); empty while it does not answer."""
+    from rlfleet.shared.infra.http import HttpClient, HttpError
+
+    client = HttpClient(child.url, timeout_s=timeout_s, retries=retries)
+    try:
+        return client.get("/status")
+    except HttpError:
+        return {}
+    finally:
+        client.close()
+
+
+@dataclass
+class Rate:
+    """A count over a window, per second of wall time and per CPU-second spent on it (where
+    the CPU was counted)."""
+
+    count: float
+    seconds: float
+    cpu_s: float = 0.0
+
+    @property
+    def per_s(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def per_cpu_s(self) -> float | None:
+        return self.count / self.cpu_s if self.cpu_s > 0 else None
+
+
+def mean_rate(halves: list[Rate]) -> Rate:
+    """Half-windows (a ceiling's, before and after a cluster's window) as one: counts,
+    seconds and CPU added up."""
+    return Rate(sum(h.count for h in halves), sum(h.seconds for h in halves),
+                sum(h.cpu_s for h in halves))
+
+
+def counter_rate(run: LocalRun, counter: str, seconds: float, cpu: CpuWindow) -> Rate:
+    """A coordinator counter's rate over `seconds` of this process's clock; its CPU is what
+    the processes `cpu` names used meanwhile, this process's polling left out."""
+    s0 = run.counter(counter)
+    t0 = time.monotonic()
+    cpu.start(t0)
+    time.sleep(seconds)
+    s1 = run.counter(counter)
+    t1 = time.monotonic()
+    cpu.stop(t1)
+    return Rate(s1 - s0, t1 - t0, sum(v for k, v in cpu.used.items() if k != "bench"))

@@ -1,18 +1,18 @@
 """Time to solve CartPole through `docker compose`, beside `rlfleet up`, in the same run.
 
 For each seed: the compose stack (Redis, coordinator, learner, N collectors as containers, the
-image built first) runs the same config as bench/time_to_solve.py until the coordinator's
+image built first) runs the same config as `bench.time_to_solve` until the coordinator's
 evaluation reaches the stop value; then `rlfleet up` runs it as local processes, on Redis
 too (the stack's storage), with the same seed and collectors. Both times are the
 coordinator's clock from its start to the solving evaluation, so the containers' start-up
 (image already built) is left out of both alike; `compose up -> solved` is the user's wait.
 
-    python bench/compose.py [--algo dqn|ppo] [--seeds 0 1] [--collectors 2] [--cached]
+    python -m bench.compose [--algo dqn|ppo] [--seeds 0 1] [--collectors 2] [--cached]
                             [--stop-value R] [--short]
 
 `image_build_s` is a `docker build --no-cache` of services/Dockerfile (with `--cached`, the
 ordinary build: seconds when nothing changed). The Docker engine is found or started as in
-the compose test (bench/compose_stack.py). The last line of stdout is one JSON object.
+the compose test (`bench.compose_stack`). The last line of stdout is one JSON object.
 """
 
 from __future__ import annotations
@@ -21,54 +21,22 @@ import argparse
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import yaml
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
-    REPO_ROOT,
-    emit,
-    exit_on_signals,
-    fmt,
-    log,
-    median,
-    parse_args,
-    print_tables,
-    ratio,
-    rounded,
-)
-from bench.compose_stack import Stack, ensure_engine, torch_index  # noqa: E402
-from bench.time_to_solve import (  # noqa: E402
-    CONFIGS,
-    EASY_TARGET,
-    adjusted_config,
-    run_cluster,
-)
+from bench.common import fmt, log, median, parse_args, ratio, report, rounded, run_main
+from bench.compose_stack import Stack, build_image, ensure_engine
+from bench.time_to_solve import CONFIGS, EASY_TARGET, adjusted_config, run_cluster
 
 FIGURES = ("compose_solve_s", "local_solve_s", "ratio", "image_build_s",
            "compose_ms_per_env_step", "local_ms_per_env_step")
 # One seed, one collector, the ordinary (cached) build, and solved at 195, as
-# bench/time_to_solve.py's short run.
+# `bench.time_to_solve`'s short run.
 SHORT = {"seeds": [0], "collectors": 1, "cached": True, "stop_value": EASY_TARGET}
-
-
-def build(env: dict[str, str], cached: bool) -> float:
-    cmd = ["docker", "build", "-q", "--network", "host", "-f", "services/Dockerfile",
-           "-t", "rlfleet:latest"]
-    if not cached:
-        cmd.append("--no-cache")
-    index = torch_index(env)
-    if index is not None:
-        cmd += ["--build-arg", f"TORCH_INDEX={index}"]
-    t0 = time.monotonic()
-    subprocess.run([*cmd, "."], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
-    return time.monotonic() - t0
 
 
 def run_compose(env: dict[str, str], config: Path, seed: int, collectors: int,
@@ -127,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         config = adjusted_config(config, work, stop_value=args.stop_value)
     try:
         log("building the image" + (" (cached)" if args.cached else " (--no-cache)") + "...")
-        build_s = build(env, args.cached)
+        build_s = build_image(env, cached=args.cached)
         log(f"image built in {build_s:.1f} s")
         rows = []
         for seed in args.seeds:
@@ -160,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     t.add_section()
     t.add_row("median", fmt(compose_s, ".1f", " s"), "", fmt(local_s, ".1f", " s"),
               fmt(ratio(compose_s, local_s), ".2f", "x"), "", "", style="bold")
-    print_tables(t)
     # Seeds solve after very different numbers of env steps (asynchrony is not seeded): time
     # per env step compares the two ways of running more steadily than time to solve.
     compose_ms = median(1000 * c["run_s"] / c["env_steps"] for _, c, _ in rows
@@ -169,19 +136,19 @@ def main(argv: list[str] | None = None) -> int:
                       if lo.solved and lo.env_steps)
     log(f"time per env step: compose {fmt(compose_ms, '.3f', ' ms')}, rlfleet up "
         f"{fmt(local_ms, '.3f', ' ms')}")
-    emit({"compose_solve_s": rounded(compose_s), "local_solve_s": rounded(local_s),
-          "ratio": rounded(ratio(compose_s, local_s)), "image_build_s": rounded(build_s),
-          "compose_ms_per_env_step": rounded(compose_ms, 4),
-          "local_ms_per_env_step": rounded(local_ms, 4),
-          "image_build_cached": args.cached, "algo": args.algo, "collectors": args.collectors,
-          "seeds": args.seeds,
-          "per_seed": [{"seed": s, "compose_solve_s": rounded(c["run_s"]),
-                        "compose_wall_s": rounded(c["wall_s"]), "compose_solved": c["solved"],
-                        "local_solve_s": rounded(lo.run_s), "local_solved": lo.solved}
-                       for s, c, lo in rows]})
+    report({"compose_solve_s": rounded(compose_s), "local_solve_s": rounded(local_s),
+            "ratio": rounded(ratio(compose_s, local_s)), "image_build_s": rounded(build_s),
+            "compose_ms_per_env_step": rounded(compose_ms, 4),
+            "local_ms_per_env_step": rounded(local_ms, 4),
+            "image_build_cached": args.cached, "algo": args.algo,
+            "collectors": args.collectors, "seeds": args.seeds,
+            "per_seed": [{"seed": s, "compose_solve_s": rounded(c["run_s"]),
+                          "compose_wall_s": rounded(c["wall_s"]),
+                          "compose_solved": c["solved"], "local_solve_s": rounded(lo.run_s),
+                          "local_solved": lo.solved}
+                         for s, c, lo in rows]}, t)
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

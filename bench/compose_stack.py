@@ -1,4 +1,4 @@
-"""docker-compose.yml driven from Python, for the compose test and `bench/compose.py`: a
+"""docker-compose.yml driven from Python, for the compose test and `bench.compose`: a
 Docker engine found or started, the image built, a stack brought up under its own project
 name and host port, its coordinator's API, its containers crashed or killed, and proof that
 `docker compose down -v` left nothing behind.
@@ -24,9 +24,10 @@ from typing import Any
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import REPO_ROOT
+
 API = "/api/v1"
-ENGINE_SCRIPTS = (REPO.parent / "shared" / "docker" / "engine.sh",
+ENGINE_SCRIPTS = (REPO_ROOT.parent / "shared" / "docker" / "engine.sh",
                   Path("/work/shared/docker/engine.sh"))
 PROJECT_LABEL = "com.docker.compose.project"
 
@@ -99,16 +100,19 @@ def torch_index(env: dict[str, str]) -> str | None:
     return None
 
 
-def build_image(env: dict[str, str], tag: str = "rlfleet:latest") -> float:
-    """`docker build` of services/Dockerfile; its wall seconds (a few when cached)."""
+def build_image(env: dict[str, str], tag: str = "rlfleet:latest", cached: bool = True) -> float:
+    """`docker build` of services/Dockerfile; its wall seconds (a few when cached). Not
+    `cached` (`--no-cache`), the build is what is timed: it is given no time limit."""
     cmd = ["docker", "build", "-q", "--network", "host", "-f", "services/Dockerfile",
            "-t", tag]
+    if not cached:
+        cmd.append("--no-cache")
     index = torch_index(env)
     if index is not None:
         cmd += ["--build-arg", f"TORCH_INDEX={index}"]
     t0 = time.monotonic()
-    out = subprocess.run([*cmd, "."], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=1200)
+    out = subprocess.run([*cmd, "."], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=1200 if cached else None)
     if out.returncode != 0:
         raise RuntimeError(f"docker build failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return time.monotonic() - t0
@@ -128,7 +132,7 @@ class Stack:
         host = self.env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         if host.startswith("unix://"):  # what the scaler mounts
             self.env["RLFLEET_DOCKER_SOCKET"] = host[len("unix://"):]
-        self.files = [REPO / "docker-compose.yml", *overrides]
+        self.files = [REPO_ROOT / "docker-compose.yml", *overrides]
         self.profiles = list(profiles)
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"Bearer {token}"
@@ -137,7 +141,7 @@ class Stack:
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True
                 ) -> subprocess.CompletedProcess:
-        cmd = ["docker", "compose", "-p", self.project, "--project-directory", str(REPO)]
+        cmd = ["docker", "compose", "-p", self.project, "--project-directory", str(REPO_ROOT)]
         for f in self.files:
             cmd += ["-f", str(f)]
         for p in self.profiles:

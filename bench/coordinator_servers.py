@@ -14,7 +14,7 @@ against a trivial WSGI app (`trivial_app`: three fixed JSON answers) served the 
 the same server class and config, measured in the same run: what the server itself costs, and
 what the client costs, beside what the coordinator's work adds.
 
-    python bench/coordinator_servers.py [--rounds 1000] [--warmup 100] [--threads 16] [--short]
+    python -m bench.coordinator_servers [--rounds 1000] [--warmup 100] [--threads 16] [--short]
 
 Progress goes to stderr; stdout carries the table and, as its last line, one JSON object:
 `inprocess_rss_mb`, `gunicorn_rss_mb`, `inprocess_pss_mb`, `gunicorn_pss_mb`,
@@ -28,29 +28,27 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
+import requests
+from rich.table import Table
 
-import psutil  # noqa: E402
-import requests  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     TaskInbox,
-    emit,
-    exit_on_signals,
     fmt,
     log,
     parse_args,
-    print_tables,
+    report,
     rounded,
+    run_main,
+    stop_process,
+    wait_healthy,
 )
 
 FIGURES = ("inprocess_rss_mb", "gunicorn_rss_mb", "inprocess_pss_mb", "gunicorn_pss_mb",
@@ -124,8 +122,8 @@ def command(server: str, app: str, port: int, threads: int) -> list[str]:
     if server == "inprocess":
         if app == "coordinator":
             return [sys.executable, "-m", "rlfleet", "coordinator"]
-        return [sys.executable, __file__, "--serve-trivial", str(port), "--threads",
-                str(threads)]
+        return [sys.executable, "-m", "bench.coordinator_servers", "--serve-trivial", str(port),
+                "--threads", str(threads)]
     target = "rlfleet.wsgi:coordinator_app()" if app == "coordinator" \
         else "bench.coordinator_servers:trivial_app()"
     return [sys.executable, "-m", "gunicorn", "-c", "python:rlfleet.gunicorn_conf", target]
@@ -150,7 +148,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure(server: str, app: str, args: argparse.Namespace, work: Path) -> dict:
     """Start one server, time the mix, read its memory, stop it (SIGTERM: exit 0 expected)."""
-    port = _free_port()
+    from rlfleet.cli import free_port  # here: the trivial server's process (a floor) lacks it
+
+    port = free_port()
     token = secrets.token_hex(16)
     name = f"{server}-{app}"
     env = {k: v for k, v in os.environ.items()
@@ -168,7 +168,7 @@ def measure(server: str, app: str, args: argparse.Namespace, work: Path) -> dict
     session.headers["Authorization"] = f"Bearer {token}"
     inbox = TaskInbox()
     try:
-        _wait_healthy(proc, url, err_path)
+        wait_healthy(proc, url, "the server", 120.0, err_path)
         r = session.post(f"{url}{API}/workers", json={"role": "collector", "url": inbox.url,
                                                        "worker_id": WORKER_ID}, timeout=10)
         r.raise_for_status()
@@ -188,13 +188,7 @@ def measure(server: str, app: str, args: argparse.Namespace, work: Path) -> dict
     finally:
         session.close()
         inbox.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        code = stop_process(proc, 60.0)
     if code != 0:
         raise RuntimeError(f"{name} exited {code} on SIGTERM:\n{err_path.read_text()[-2000:]}")
     every = [t for ts in times.values() for t in ts]
@@ -205,30 +199,6 @@ def measure(server: str, app: str, args: argparse.Namespace, work: Path) -> dict
     log(f"{name}: {processes} processes, RSS {rss:.1f} MB, PSS {pss:.1f} MB, "
         f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms")
     return row
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, err_path: Path, timeout_s: float = 120.0
-                  ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited {proc.returncode}:\n"
-                               f"{err_path.read_text()[-2000:]}")
-        try:
-            if requests.get(f"{url}/health", timeout=2).ok:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"no answer from {url}/health in {timeout_s:g} s")
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -267,7 +237,7 @@ def table(rows: list[dict]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/coordinator_servers.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.coordinator_servers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "cartpole-dqn.yaml")
     p.add_argument("--rounds", type=int, default=1000, help="timed rounds of the mix")
@@ -277,12 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(p, argv, SHORT)
     if args.serve_trivial is not None:  # a child: the in-process server's floor
         return serve_trivial_in_process(args.serve_trivial, args.threads)
-    exit_on_signals()
     result = run(args)
-    print_tables(table(result["rows"]))
-    emit(result)
+    report(result, table(result["rows"]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

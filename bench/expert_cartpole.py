@@ -6,7 +6,7 @@ the pole falls, `action = 1 if theta + 0.5 * theta_dot > 0 else 0`. It holds the
 500-step time limit from every start state tried (CartPole's cart drifts slowly enough not
 to leave the track within 500 steps), so every episode is truncated at return 500.
 
-    python bench/expert_cartpole.py --out datasets [--episodes 20] [--seed 0]
+    python -m bench.expert_cartpole --out datasets [--episodes 20] [--seed 0]
     # -> datasets/rlfleet/cartpole-scripted-v0, for buffers.expert.path
 
 The last line of stdout is one JSON object: the dataset's path, episodes, steps and returns.
@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DATASET_ID = "rlfleet/cartpole-scripted-v0"
 

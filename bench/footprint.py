@@ -8,7 +8,7 @@ process's PSS, RSS and USS (`/proc/PID/smaps_rollup`) until the run stops (solve
 each, so the sum over the tree is what the cluster really takes from the machine; RSS counts
 shared pages (libpython, torch's libraries) once per process and overstates the sum.
 
-    python bench/footprint.py [--config configs/cartpole-dqn.yaml] [--collectors 2]
+    python -m bench.footprint [--config configs/cartpole-dqn.yaml] [--collectors 2]
                               [--max-wall-s 90] [--interval-s 0.25] [--storage DIR_OR_REDIS]
                               [--short]
 
@@ -33,24 +33,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
+from rich.table import Table
 
-import psutil  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     clear_storage,
-    die_with_parent,
-    emit,
-    exit_on_signals,
     fmt,
     is_redis,
     log,
     parse_args,
-    print_tables,
+    report,
+    run_main,
+    start_up,
 )
-from rlfleet.local.forking import role_in  # noqa: E402
+from rlfleet.local.forking import role_in
 
 GOAL_PSS_MB = 800.0
 MB = 1024 * 1024
@@ -204,26 +201,21 @@ def reference_torch() -> dict[str, float]:
 
 def run(config: Path, collectors: int, max_wall_s: float, interval_s: float,
         storage: str | None, run_dir: Path) -> tuple[Sampler, dict, int]:
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
-           "--max-wall-s", str(max_wall_s)]
+    options = ["--max-wall-s", str(max_wall_s)]
     if storage:
-        cmd += ["--storage", storage]
+        options += ["--storage", storage]
         if is_redis(storage):
             clear_storage(storage, run_dir.name[:64])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "up.log", "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                preexec_fn=die_with_parent)
-        sampler = Sampler(proc.pid)
-        try:
-            while proc.poll() is None:
-                sampler.sample()
-                time.sleep(interval_s)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=60)
-            raise
+    proc = start_up(config, run_dir, collectors, *options)
+    sampler = Sampler(proc.pid)
+    try:
+        while proc.poll() is None:
+            sampler.sample()
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=60)
+        raise
     if storage and is_redis(storage):
         clear_storage(storage, run_dir.name[:64])
     summary_path = run_dir / "summary.json"
@@ -322,11 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     result = summarise(sampler, summary, reference, code, args.collectors)
     log(f"{result['outcome']}: peak PSS {result['peak_pss_mb']:.0f} MB over "
         f"{result['processes']} processes ({len(sampler.samples)} samples)")
-    print_tables(*tables(result))
-    emit(result)
+    report(result, *tables(result))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

@@ -26,7 +26,7 @@ and the table says that no GPU was found; the GPU's shares are then the CPU lear
 (its training thread waiting for batches, or learning), and device/CPU is 1.
 Goals: `learner_utilisation_gpu` >= 0.9, `gpu_wait_fraction` <= 0.05.
 
-    python bench/gpu.py [--seconds 20] [--warmup 8] [--transitions 30000] [--short]
+    python -m bench.gpu [--seconds 20] [--warmup 8] [--transitions 30000] [--short]
 
 The last line of stdout is one JSON object: `device`, `learner_utilisation_gpu` and
 `gpu_wait_fraction` (the DQN batch-32 case), and per case its updates/s on the device, on the
@@ -39,42 +39,38 @@ import argparse
 import itertools
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     clear_storage,
-    emit,
-    exit_on_signals,
+    coordinator_up,
     fmt,
     free_running_data,
     log,
     parse_args,
     prefill,
-    print_tables,
     ratio,
+    report,
     rounded,
+    run_main,
+    wait_for,
+    worker_status,
+    write_yaml,
 )
-from bench.learners import learner_status  # noqa: E402
-from rlfleet.local.launcher import LocalCluster  # noqa: E402
-from rlfleet.shared.algos.device import resolve_device  # noqa: E402
-from rlfleet.shared.algos.dqn import DQN  # noqa: E402
-from rlfleet.shared.algos.ppo import PPO  # noqa: E402
-from rlfleet.shared.contract.spec import EnvSpec  # noqa: E402
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
-from rlfleet.shared.infra.http import HttpClient  # noqa: E402
-from rlfleet.shared.run.config import load_config, parse_config  # noqa: E402
+from rlfleet.local.launcher import LocalCluster
+from rlfleet.shared.algos.device import resolve_device
+from rlfleet.shared.algos.dqn import DQN
+from rlfleet.shared.algos.ppo import PPO
+from rlfleet.shared.contract.spec import EnvSpec
+from rlfleet.shared.run.config import load_config, parse_config
 
 PONG = EnvSpec(obs_shape=(4, 84, 84), n_actions=6)
 STACK, FRAME = 4, (84, 84)
@@ -194,60 +190,49 @@ def cluster_config(work: Path, batch: int, transitions: int, storage: str) -> Pa
         buffer["capacity"] = max(int(buffer["capacity"]), transitions)
         buffer["rate_limit"]["min_size"] = min(1_000, transitions)
     data["checkpoint"]["every_train_iterations"] = 10**12
-    path = work / f"config-{batch}.yaml"
-    path.write_text(yaml.safe_dump(parse_config(data, "bench").model_dump(mode="json"),
-                                   sort_keys=False))
-    return path
+    return write_yaml(work / f"config-{batch}.yaml", parse_config(data, "bench"))
 
 
 def in_cluster(work: Path, batch: int, args: argparse.Namespace) -> dict:
     storage = str(work / f"storage-{batch}")
     config = cluster_config(work, batch, args.transitions, storage)
     name = load_config(config).name
-    cluster = LocalCluster(config, work / f"run-{batch}", storage)
-    client: HttpClient | None = None
     try:
-        coordinator = cluster.start_coordinator()
-        client = HttpClient(coordinator.url, timeout_s=10, retries=2)
-        log(f"batch {batch}: prefilling {args.transitions:,} made-up Pong transitions...")
-        prefill(coordinator.url, storage, name, chunks(args.transitions, batch))
-        learner = cluster.add_learner()
+        with coordinator_up(LocalCluster(config, work / f"run-{batch}", storage)) as run:
+            log(f"batch {batch}: prefilling {args.transitions:,} made-up Pong transitions...")
+            prefill(run.coordinator.url, storage, name, chunks(args.transitions, batch))
+            learner = run.cluster.add_learner()
 
-        def iterations() -> int:
-            return int(client.get(f"{API}/status")["counters"]["train_iterations"])
+            def trained() -> bool:
+                if learner.proc.poll() is not None:
+                    raise RuntimeError(f"the learner did not train: {learner.tail(12)}")
+                return run.counter("train_iterations") > 0
 
-        deadline = time.monotonic() + 180
-        while iterations() == 0:
-            if learner.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the learner did not train: {learner.tail(12)}")
-            time.sleep(0.2)
-        time.sleep(args.warmup)
-        i0, t0 = iterations(), time.perf_counter()
-        before = learner_status(learner).get("timers") or {}
-        time.sleep(args.seconds)
-        # The learner's timers move when it reports; on a crowded machine a short window
-        # can end before they have: wait for them to (10 s at most), not a null figure.
-        late = time.monotonic() + 10
-        while True:
-            i1, t1 = iterations(), time.perf_counter()
-            status = learner_status(learner)
-            after = status.get("timers") or {}
-            if after != before or time.monotonic() > late:
-                break
-            time.sleep(0.5)
-        device = status.get("device") or {}
-        waited, learned = (after.get(k, 0.0) - before.get(k, 0.0)
-                           for k in ("wait_s", "update_s"))
-        return {"updates_per_s": (i1 - i0) / (t1 - t0), "device": device.get("device"),
-                "gpu_wait_fraction": device.get("gpu_wait_fraction"),
-                "gpu_busy_fraction": device.get("gpu_busy_fraction"),
-                # the training thread's share of the window spent waiting for batches
-                "wait_share": ratio(waited, waited + learned),
-                "staging": device.get("staging")}
+            wait_for(trained, 180, "train iteration")
+            time.sleep(args.warmup)
+            i0, t0 = run.counter("train_iterations"), time.perf_counter()
+            before = worker_status(learner).get("timers") or {}
+            time.sleep(args.seconds)
+            # The learner's timers move when it reports; on a crowded machine a short window
+            # can end before they have: wait for them to (10 s at most), not a null figure.
+            late = time.monotonic() + 10
+            while True:
+                i1, t1 = run.counter("train_iterations"), time.perf_counter()
+                status = worker_status(learner)
+                after = status.get("timers") or {}
+                if after != before or time.monotonic() > late:
+                    break
+                time.sleep(0.5)
+            device = status.get("device") or {}
+            waited, learned = (after.get(k, 0.0) - before.get(k, 0.0)
+                               for k in ("wait_s", "update_s"))
+            return {"updates_per_s": (i1 - i0) / (t1 - t0), "device": device.get("device"),
+                    "gpu_wait_fraction": device.get("gpu_wait_fraction"),
+                    "gpu_busy_fraction": device.get("gpu_busy_fraction"),
+                    # the training thread's share of the window spent waiting for batches
+                    "wait_share": ratio(waited, waited + learned),
+                    "staging": device.get("staging")}
     finally:
-        if client is not None:
-            client.close()
-        cluster.shutdown()
         clear_storage(storage, name)
 
 
@@ -277,7 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-batches", default="32,256",
                         help="DQN batch sizes measured in a cluster (comma-separated)")
     args = parse_args(parser, argv, SHORT)
-    exit_on_signals()
     device = resolve_device("auto")
     gpu = device.type == "cuda"
     label = (f"{torch.cuda.get_device_name(device)} ({device})" if gpu
@@ -312,17 +296,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{got['device']}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_tables(table(device, label, rows))
     head = rows["dqn-32"]
-    emit({"device": label, "learner_utilisation_gpu": rounded(head.get("utilisation")),
-          "gpu_wait_fraction": rounded(head.get("gpu_wait_fraction")),
-          "gpu_busy_fraction": rounded(head.get("gpu_busy_fraction")),
-          "cases": {case: {k: (rounded(v, 3) if isinstance(v, float) else v)
-                           for k, v in r.items() if k != "staging"}
-                    for case, r in rows.items()},
-          "goals": GOALS, "torch": torch.__version__})
+    report({"device": label, "learner_utilisation_gpu": rounded(head.get("utilisation")),
+            "gpu_wait_fraction": rounded(head.get("gpu_wait_fraction")),
+            "gpu_busy_fraction": rounded(head.get("gpu_busy_fraction")),
+            "cases": {case: {k: (rounded(v, 3) if isinstance(v, float) else v)
+                             for k, v in r.items() if k != "staging"}
+                      for case, r in rows.items()},
+            "goals": GOALS, "torch": torch.__version__}, table(device, label, rows))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

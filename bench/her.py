@@ -8,7 +8,7 @@ cluster's rollout, buffers, batching, transforms and DQN wired by function calls
 100 greedy episodes are played: success is the share that reach their goal (the env's
 `info["is_success"]`; for bit flipping, exactly the episodes returning more than -n_bits).
 
-    python bench/her.py [--n-bits 15] [--env-steps 30000] [--seeds 0] [--final] [--short]
+    python -m bench.her [--n-bits 15] [--env-steps 30000] [--seeds 0] [--final] [--short]
 
 `--final` also runs HER with the `final` strategy. The last line of stdout is one JSON
 object: `success_her` and `success_no_her` (the last evaluation's success, median over
@@ -19,24 +19,10 @@ per-seed curves.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
-    REPO_ROOT,
-    emit,
-    exit_on_signals,
-    fmt,
-    log,
-    median,
-    parse_args,
-    print_tables,
-    rounded,
-)
+from bench.common import REPO_ROOT, fmt, log, median, parse_args, report, rounded, run_main
 
 CONFIG = REPO_ROOT / "configs" / "bitflip-her.yaml"
 # `env_steps_to_0_9_her` is left out: null is its answer when HER never gets to 0.9.
@@ -123,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                                                            for r in of("final")), 0)
     out["seeds"] = args.seeds
     out["per_seed"] = results
-    print_tables(table(results, args.n_bits))
-    emit(out)
+    report(out, table(results, args.n_bits))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

@@ -53,7 +53,7 @@ of 2 on 2 cores suffers most from such a neighbour: its ranks step in lockstep, 
 losing its core stalls both. The JSON figures are medians over the rounds; the tables show
 the spread.
 
-    python bench/learners.py [--repeats 2] [--seconds 12] [--warmup 6] [--batch-size 256]
+    python -m bench.learners [--repeats 2] [--seconds 12] [--warmup 6] [--batch-size 256]
                              [--kill-rank 1] [--quick] [--short]
 """
 
@@ -75,39 +75,42 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+import torch.distributed as dist
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench import common  # noqa: E402
-from bench.common import (  # noqa: E402
+from bench import common
+from bench.common import (
     REPO_ROOT,
     CpuWindow,
+    LocalRun,
+    Rate,
+    WorkerFailed,
     clear_storage,
-    emit,
-    exit_on_signals,
+    coordinator_up,
     fmt,
     free_running_data,
     log,
+    mean_rate,
     median,
     prefill,
-    print_tables,
     progress,
     ratio,
+    report,
     rounded,
+    run_main,
+    worker_status,
+    write_yaml,
 )
-from rlfleet.cli import free_port  # noqa: E402
-from rlfleet.learner.group.member import DistReducer  # noqa: E402
-from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
-from rlfleet.shared.algos.dqn import DQN  # noqa: E402
+from rlfleet.cli import free_port
+from rlfleet.learner.group.member import DistReducer
+from rlfleet.local.launcher import Child, LocalCluster
+from rlfleet.shared.algos.dqn import DQN
 from rlfleet.shared.contract.spec import EnvSpec
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
+from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.envs.make import env_spec
-from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.shared.infra.http import HttpClient, HttpError
 from rlfleet.shared.run.config import RunConfig, load_config, parse_config
 
 HIDDEN_SIZES = (1024, 1024)
@@ -128,10 +131,6 @@ FIGURES = ("samples_per_s", "efficiency", "allreduce_ms", "reform_s", "ratio_to_
 # counter move 3 times, and a group trains soon after it forms).
 SHORT = {"repeats": 1, "seconds": 1.0, "warmup": 0.5, "ceiling_s": 0.5, "transitions": 5_000,
          "batch_size": 256, "batches_per_request": 16}
-
-
-class WorkerFailed(RuntimeError):
-    """A learner that exited, or a group that did not form in time."""
 
 
 # -- config and data ----------------------------------------------------------------------
@@ -186,19 +185,9 @@ def memory_batches(spec: EnvSpec, batch_size: int, seed: int, count: int = 8
 
 # -- in-process ceilings ------------------------------------------------------------------
 
-@dataclass
-class Rate:
-    """Samples learned over a window of wall time."""
-    samples: float
-    seconds: float
-
-    @property
-    def per_s(self) -> float:
-        return self.samples / self.seconds
-
-
 def ceiling(cfg: RunConfig, spec: EnvSpec, batch_size: int, seconds: float, seed: int) -> Rate:
-    """Samples/s of `DQN.learn` in this process, one torch thread, batches from memory."""
+    """Samples/s of `DQN.learn` in this process, one torch thread, batches from memory (the
+    rate's count is samples)."""
     torch.set_num_threads(1)
     policy = DQN(cfg.algo, spec, seed)
     batches = memory_batches(spec, batch_size, seed)
@@ -212,10 +201,6 @@ def ceiling(cfg: RunConfig, spec: EnvSpec, batch_size: int, seconds: float, seed
         if time.perf_counter() - t0 >= seconds:
             break
     return Rate(done * batch_size, time.perf_counter() - t0)
-
-
-def mean_rate(halves: list[Rate]) -> Rate:
-    return Rate(sum(h.samples for h in halves), sum(h.seconds for h in halves))
 
 
 def probe_rank(config: Path, rank: int, port: int, iterations: int, seed: int) -> None:
@@ -259,7 +244,7 @@ def pair_ceiling(config: Path, iterations: int, seed: int, timeout_s: float = 18
                  ) -> PairCeiling:
     """Two `--probe-rank` processes, each in its own session, side by side."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--config",
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.learners", "--config",
                                str(config), "--probe-rank", str(rank), "--probe-port",
                                str(port), "--probe-iterations", str(iterations), "--seed",
                                str(seed)], stdout=subprocess.PIPE, cwd=REPO_ROOT,
@@ -305,14 +290,14 @@ def rank_ids(status: dict) -> list[str]:
     return [r["worker_id"] for r in group_of(status).get("ranks", [])]
 
 
-def start_learners(cluster: LocalCluster, client: HttpClient, n: int,
-                   timeout_s: float = 120.0) -> tuple[list[Child], dict]:
+def start_learners(run: LocalRun, n: int, timeout_s: float = 120.0
+                   ) -> tuple[list[Child], dict]:
     """Start n learners; return once the group's ranks are exactly them, the coordinator's
     train iterations have moved in that generation, and every rank has trained in it by its
     own account (`trains_in`): the coordinator's counter alone also moves with a late report
     from the generation before, and a rank killed while the group still forms measures a
     rendezvous, not a re-formation. Returns the coordinator's status then."""
-    children = [cluster.add_learner() for _ in range(n)]
+    children = [run.cluster.add_learner() for _ in range(n)]
     names = sorted(c.name for c in children)
     deadline = time.monotonic() + timeout_s
     generation, base = None, 0
@@ -321,9 +306,9 @@ def start_learners(cluster: LocalCluster, client: HttpClient, n: int,
         for child in children:
             if child.proc.poll() is not None:
                 progress.print(child.tail(12), markup=False, highlight=False)
-                stop_learners(cluster, children)
+                stop_learners(run.cluster, children)
                 raise WorkerFailed(f"{child.exit_text()} while the group formed")
-        status = client.get(f"{API}/status")
+        status = run.status()
         iterations = status["counters"]["train_iterations"]
         if sorted(rank_ids(status)) == names:
             if group_of(status)["generation"] != generation:
@@ -332,18 +317,8 @@ def start_learners(cluster: LocalCluster, client: HttpClient, n: int,
                                             for c in children]):
                 return children, status
         time.sleep(0.2)
-    stop_learners(cluster, children)
+    stop_learners(run.cluster, children)
     raise WorkerFailed(f"{n} learner(s) did not train as one group within {timeout_s:g} s")
-
-
-def learner_status(child: Child) -> dict:
-    client = HttpClient(child.url, timeout_s=5, retries=1)
-    try:
-        return client.get("/status")
-    except HttpError:
-        return {}
-    finally:
-        client.close()
 
 
 def trains_in(child: Child, generation: int, n: int, seen: dict[str, int]) -> bool:
@@ -351,7 +326,7 @@ def trains_in(child: Child, generation: int, n: int, seen: dict[str, int]) -> bo
     own /status: its train iterations moved since it first named that generation (a learner
     names its new generation before its rendezvous completes). `seen` keeps each learner's
     count at that first sight."""
-    status = learner_status(child)
+    status = worker_status(child)
     group = status.get("group") or {}
     if group.get("generation") != generation or group.get("world_size") != n:
         return False
@@ -438,18 +413,17 @@ def step_rate(samples: list[tuple[float, int]]) -> tuple[int, float]:
     return vb - va, tb - ta
 
 
-def measure_group(cluster: LocalCluster, client: HttpClient, n: int, round_: int,
-                  batch_size: int, warmup: float, seconds: float) -> GroupWindow:
-    children, status = start_learners(cluster, client, n)
+def measure_group(run: LocalRun, n: int, round_: int, batch_size: int, warmup: float,
+                  seconds: float) -> GroupWindow:
+    children, status = start_learners(run, n)
     try:
         log(f"round {round_}: {n} learner(s) training in generation "
             f"{group_of(status)['generation']}; {warmup:g} s warm-up, {seconds:g} s window")
         time.sleep(warmup)
-        assert cluster.coordinator is not None
         pids = {c.name: c.proc.pid for c in children}
-        cpu = CpuWindow({**pids, "coordinator": cluster.coordinator.proc.pid})
-        before = {c.name: learner_status(c) for c in children}
-        first = client.get(f"{API}/status")
+        cpu = CpuWindow({**pids, "coordinator": run.coordinator.proc.pid})
+        before = {c.name: worker_status(c) for c in children}
+        first = run.status()
         t0 = time.monotonic()
         cpu.start(t0)
         samples = [(t0, first["counters"]["train_iterations"])]
@@ -459,10 +433,10 @@ def measure_group(cluster: LocalCluster, client: HttpClient, n: int, round_: int
         while (elapsed := time.monotonic() - t0) < seconds or (
                 steps(samples) < 3 and elapsed < 3 * seconds):
             time.sleep(POLL_S)
-            last = client.get(f"{API}/status")
+            last = run.status()
             samples.append((time.monotonic(), last["counters"]["train_iterations"]))
         cpu.stop(time.monotonic())
-        after = {c.name: learner_status(c) for c in children}
+        after = {c.name: worker_status(c) for c in children}
         iterations, span = step_rate(samples)
         g0, g1 = group_of(first), group_of(last)
         stable = g0["generation"] == g1["generation"] and g1["world_size"] == n
@@ -472,7 +446,7 @@ def measure_group(cluster: LocalCluster, client: HttpClient, n: int, round_: int
         return GroupWindow(n, round_, batch_size, iterations, span, g1["generation"], stable,
                            ranks, coord_ms, cpu)
     finally:
-        stop_learners(cluster, children)
+        stop_learners(run.cluster, children)
 
 
 @dataclass
@@ -488,23 +462,21 @@ class Reform:
     reasons: list[str] = field(default_factory=list)
 
 
-def measure_reform(cluster: LocalCluster, client: HttpClient, kill_rank: int, warmup: float,
-                   timeout_s: float) -> Reform:
+def measure_reform(run: LocalRun, kill_rank: int, warmup: float, timeout_s: float) -> Reform:
     """Kill one of 2 training ranks; time the survivor's return to training in a group of 1."""
-    children, status = start_learners(cluster, client, 2)
+    children, status = start_learners(run, 2)
     try:
         log(f"re-formation: 2 learners in generation {group_of(status)['generation']}; "
             f"{warmup:g} s, then SIGKILL of rank {kill_rank}")
         time.sleep(warmup)
-        status = client.get(f"{API}/status")
+        status = run.status()
         group = group_of(status)
         ids = rank_ids(status)
         if group["world_size"] != 2:
             raise WorkerFailed(f"the group left world size 2 before the kill: {group}")
         victim = next(c for c in children if c.name == ids[kill_rank])
         result = Reform(kill_rank, victim.name, ids[1 - kill_rank], group["generation"])
-        assert cluster.coordinator is not None
-        poller = HttpClient(cluster.coordinator.url, timeout_s=2, retries=0)
+        poller = HttpClient(run.coordinator.url, timeout_s=2, retries=0)
         iterations0 = granted0 = 0
         t_kill = time.monotonic()
         os.killpg(victim.proc.pid, signal.SIGKILL)
@@ -536,7 +508,7 @@ def measure_reform(cluster: LocalCluster, client: HttpClient, kill_rank: int, wa
         kill_group(victim)
         return result
     finally:
-        stop_learners(cluster, children)
+        stop_learners(run.cluster, children)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -692,8 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = str(work / "storage")
     cfg = bench_config(args.config, name, storage, args.transitions, args.batch_size,
                        args.batches_per_request)
-    config_path = work / "config.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    config_path = write_yaml(work / "config.yaml", cfg)
     spec = env_spec(cfg.env)
     batch = args.batch_size
     log(f"work dir {work}; DQN {HIDDEN_SIZES}, batch {batch}, {args.repeats} round(s) of "
@@ -705,44 +676,42 @@ def main(argv: list[str] | None = None) -> int:
     pair: PairCeiling | None = None
     reform: Reform | None = None
     cluster = LocalCluster(config_path, work, storage)
-    client: HttpClient | None = None
     failed = True
     try:
-        coordinator = cluster.start_coordinator()
-        client = HttpClient(coordinator.url, timeout_s=10, retries=2)
-        log(f"prefilling {args.transitions:,} transitions as a collector would...")
-        prefill(coordinator.url, storage, cfg.name, chunks(spec, args.transitions, args.seed))
-        buffered = client.get(f"{API}/status")["buffer"]["size"]
+        with coordinator_up(cluster) as run:
+            log(f"prefilling {args.transitions:,} transitions as a collector would...")
+            prefill(run.coordinator.url, storage, cfg.name,
+                    chunks(spec, args.transitions, args.seed))
+            buffered = run.buffer_size()
 
-        def ceiling_half(which: str) -> None:
-            log(f"in-process ceiling, {which} half...")
-            halves.append(ceiling(cfg, spec, batch, args.ceiling_s, args.seed))
-            shard_halves.append(ceiling(cfg, spec, batch // 2, args.ceiling_s / 2, args.seed))
+            def ceiling_half(which: str) -> None:
+                log(f"in-process ceiling, {which} half...")
+                halves.append(ceiling(cfg, spec, batch, args.ceiling_s, args.seed))
+                shard_halves.append(ceiling(cfg, spec, batch // 2, args.ceiling_s / 2,
+                                            args.seed))
 
-        log(f"buffer holds {buffered:,} transitions")
-        ceiling_half("first")
-        for round_ in range(1, args.repeats + 1):
-            for n in COUNTS if round_ % 2 else tuple(reversed(COUNTS)):
-                w = measure_group(cluster, client, n, round_, batch, args.warmup, args.seconds)
-                windows[n].append(w)
-                log(f"round {round_}, {n} learner(s): {fmt(w.samples_per_s, ',.0f')} samples/s"
-                    + ("" if w.stable else " [red](the group re-formed in the window)[/]")
-                    + (f" [yellow](busy machine: others used {w.cpu.others_cores():.2f} "
-                       "cores)[/]" if w.busy else ""))
-        ceiling_half("second")
-        shard_its = mean_rate(shard_halves).per_s / (batch // 2)
-        iterations = max(30, int(args.ceiling_s * shard_its * 0.6))
-        log(f"bare pair: 2 processes, {iterations} train iterations each...")
-        pair = pair_ceiling(config_path, iterations, args.seed)
-        reform = measure_reform(cluster, client, args.kill_rank, args.warmup,
-                                args.reform_timeout_s)
-        log(f"re-formed and training again {fmt(reform.to_training_s, '.2f')} s after the kill")
-        failed = reform.to_training_s is None  # its logs are kept, to say why
+            log(f"buffer holds {buffered:,} transitions")
+            ceiling_half("first")
+            for round_ in range(1, args.repeats + 1):
+                for n in COUNTS if round_ % 2 else tuple(reversed(COUNTS)):
+                    w = measure_group(run, n, round_, batch, args.warmup, args.seconds)
+                    windows[n].append(w)
+                    log(f"round {round_}, {n} learner(s): {fmt(w.samples_per_s, ',.0f')} "
+                        "samples/s"
+                        + ("" if w.stable else " [red](the group re-formed in the window)[/]")
+                        + (f" [yellow](busy machine: others used {w.cpu.others_cores():.2f} "
+                           "cores)[/]" if w.busy else ""))
+            ceiling_half("second")
+            shard_its = mean_rate(shard_halves).per_s / (batch // 2)
+            iterations = max(30, int(args.ceiling_s * shard_its * 0.6))
+            log(f"bare pair: 2 processes, {iterations} train iterations each...")
+            pair = pair_ceiling(config_path, iterations, args.seed)
+            reform = measure_reform(run, args.kill_rank, args.warmup, args.reform_timeout_s)
+            log(f"re-formed and training again {fmt(reform.to_training_s, '.2f')} s after "
+                "the kill")
+            failed = reform.to_training_s is None  # its logs are kept, to say why
     finally:
-        if client is not None:
-            client.close()
-        cluster.shutdown()
-        for child in cluster.children:
+        for child in cluster.children:  # what the shutdown left of each learner's group
             if child.role == "learner":
                 kill_group(child)
         clear_storage(storage, name)
@@ -801,12 +770,10 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    print_tables(summary_table(windows, batch, halves, shard_halves, pair),
-                 window_table(windows), reform_table(reform))
-    emit(result)
+    report(result, summary_table(windows, batch, halves, shard_halves, pair),
+           window_table(windows), reform_table(reform))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

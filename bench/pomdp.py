@@ -6,7 +6,7 @@ sees one observation at a time. Per seed, R2D2 runs first, until it solves (eval
 475) or spends `--env-steps`; DQN then gets exactly the env steps R2D2 used, so the two are
 compared over the same experience.
 
-    python bench/pomdp.py [--seeds 0 1] [--env-steps 250000] [--collectors 2]
+    python -m bench.pomdp [--seeds 0 1] [--env-steps 250000] [--collectors 2]
                           [--work-dir DIR] [--short]
 
 Per run: the env steps of the first evaluation at 475 (or "not reached"), the best and the
@@ -19,28 +19,22 @@ last evaluation, env steps and wall seconds. The last line of stdout is one JSON
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
+import yaml
+from rich.table import Table
 
 from bench.common import (
     REPO_ROOT,
-    emit,
-    exit_on_signals,
+    Evaluated,
     fmt,
     log,
     median,
     parse_args,
-    print_tables,
-)
-from bench.common import (  # noqa: E402
-    run_up as run_cluster,
+    report,
+    run_main,
+    write_yaml,
 )
 
 CONFIGS = {"r2d2": REPO_ROOT / "configs" / "cartpolenovel-r2d2.yaml",
@@ -52,26 +46,11 @@ FIGURES = ("solved_rate_r2d2", "solved_rate_dqn", "best_return_r2d2", "best_retu
 SHORT = {"seeds": [0], "env_steps": 2_000, "eval_every": 1_000, "collectors": 1}
 
 
-@dataclass
-class Result:
-    variant: str
-    seed: int
-    evaluations: list[tuple[int, float]] = field(default_factory=list)  # (env steps, return)
-    env_steps: int = 0
-    wall_s: float | None = None
-    outcome: str = ""
-
-    @property
-    def best(self) -> float | None:
-        return max((r for _, r in self.evaluations), default=None)
-
+class Result(Evaluated):
     @property
     def solved_at(self) -> int | None:
-        return next((s for s, r in self.evaluations if r >= SOLVED), None)
-
-    @property
-    def last(self) -> float | None:
-        return self.evaluations[-1][1] if self.evaluations else None
+        hit = self.first(lambda r: r >= SOLVED)
+        return hit[0] if hit else None
 
 
 def budget_config(variant: str, seed: int, env_steps: int, eval_every: int | None,
@@ -84,18 +63,7 @@ def budget_config(variant: str, seed: int, env_steps: int, eval_every: int | Non
     if short:  # ends on its first evaluation, never on a budget that could come first
         data["eval"]["stop_value"] = -1e9
         data["stop"] = {"max_env_steps": 100 * env_steps, "max_wall_s": 180}
-    path = work / f"{variant}-s{seed}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
-    up = run_cluster(work / f"{variant}-s{seed}", config, collectors, f"{variant} seed {seed}")
-    result = Result(variant, seed, outcome=up.outcome,
-                    evaluations=[(s, r) for s, r, _ in up.evaluations])
-    if up.summary:
-        result.env_steps, result.wall_s = up.summary["env_steps"], up.summary["wall_seconds"]
-    return result
+    return write_yaml(work / f"{variant}-s{seed}.yaml", data)
 
 
 def table(results: list[Result]) -> Table:
@@ -123,8 +91,7 @@ def summarise(results: list[Result], env_steps: int) -> dict:
     out["env_steps"] = env_steps
     out["r2d2_steps_to_475"] = median(r.solved_at for r in results
                                       if r.variant == "r2d2" and r.solved_at is not None)
-    out["runs"] = [{**{k: v for k, v in asdict(r).items() if k != "evaluations"},
-                    "solved_at": r.solved_at, "best": r.best, "last": r.last}
+    out["runs"] = [{**r.row(), "solved_at": r.solved_at, "best": r.best, "last": r.last}
                    for r in results]
     return out
 
@@ -140,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a "
                    "temporary one, removed at the end)")
     args = parse_args(p, argv, SHORT)
-    exit_on_signals()
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-pomdp-") as tmp:
         work = (args.work_dir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
@@ -150,16 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             for variant in CONFIGS:
                 config = budget_config(variant, seed, budget, args.eval_every, work, args.short)
                 log(f"{variant} seed {seed}: at most {budget:,} env steps")
-                r = run_up(variant, seed, config, args.collectors, work)
+                r = Result.up(variant, seed, config, args.collectors, work / f"{variant}-s{seed}")
                 log(f"{variant} seed {seed}: best {fmt(r.best)}, solved at "
                     f"{r.solved_at if r.solved_at is not None else 'never'}")
                 results.append(r)
                 if variant == "r2d2" and r.env_steps:
                     budget = r.env_steps  # DQN gets the same experience
-        print_tables(table(results))
-        emit(summarise(results, args.env_steps))
+        report(summarise(results, args.env_steps), table(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -38,7 +38,7 @@ share of the baseline's own 1 s windows that were above the threshold: on a busy
 machine about one in four falls below 90% with nothing killed, so a recovery figure is
 uncertain by a second or so.
 
-    python bench/recovery.py [--roles collector learner coordinator redis] [--timeout-s 90]
+    python -m bench.recovery [--roles collector learner coordinator redis] [--timeout-s 90]
                              [--collectors 2] [--baseline-s 5] [--short]
 
 The last line of stdout is one JSON object: the figures per role (`FIGURES`), with `notes`
@@ -55,37 +55,37 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import redis
+import yaml
+from rich.table import Table
 
-import redis  # noqa: E402
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
-    emit,
-    exit_on_signals,
+    child_pids,
+    die_with_parent,
     fmt,
     free_running_data,
     log,
     parse_args,
-    print_tables,
     progress,
     ratio,
+    report,
     rounded,
+    run_main,
+    start_up,
+    wait_for,
+    write_yaml,
 )
-from rlfleet.cli import free_port  # noqa: E402
-from rlfleet.local.forking import role_in  # noqa: E402
-from rlfleet.local.launcher import _die_with_parent  # noqa: E402
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
-from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.cli import free_port
+from rlfleet.local.forking import role_in
+from rlfleet.shared.contract.wire.base import API
+from rlfleet.shared.infra.http import HttpClient, HttpError
 
 ROLES = ("collector", "learner", "coordinator", "redis")
 # Each is one value per role killed (`--roles`).
@@ -120,12 +120,15 @@ class RedisServer:
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                "--save", "", "--appendonly", "yes", "--appendfsync", "always",
                "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")]
-        self.proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout_s
-        while not self.answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start; see {self.dir}/redis.log")
-            time.sleep(0.05)
+        self.proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+
+        def answers() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {self.dir}/redis.log")
+            return self.answers()
+
+        wait_for(answers, timeout_s, f"answer from redis-server (see {self.dir}/redis.log)",
+                 interval_s=0.05)
 
     def answers(self) -> bool:
         """PING answered (not while it is still loading its append-only file)."""
@@ -164,35 +167,22 @@ def _option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args[:-1] else None
 
 
-def _child_pids(pid: int) -> list[int]:
-    kids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            kids += [int(k) for k in Path(f"/proc/{pid}/task/{task}/children").read_text()
-                     .split()]
-    return kids
-
-
 class Up:
     """`rlfleet up` as a subprocess; its children found through /proc."""
 
     def __init__(self, config: Path, run_dir: Path, collectors: int, storage: str) -> None:
         self.run_dir = run_dir
         self.log_path = run_dir.parent / "up.log"
-        cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-               "--collectors", str(collectors), "--run-dir", str(run_dir), "--storage",
-               storage, "--quiet"]
-        with open(self.log_path, "wb") as out:
-            # Dies with the bench (it then stops its own children in order).
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         cwd=REPO_ROOT, preexec_fn=_die_with_parent)
+        # Dies with the bench (it then stops its own children in order).
+        self.proc = start_up(config, run_dir, collectors, "--storage", storage,
+                             log_path=self.log_path)
 
     def child(self, role: str, worker_id: str | None = None) -> int | None:
         """The pid of the launcher's child running `role` (with `--worker-id worker_id`):
         forked at the start (titled `rlfleet <role> ...`) or exec'd by a restart (`python -m
         rlfleet <role> ...`); `role_in` reads both. The launcher puts `--port` and
         `--worker-id` first, so a title cut to the launcher's length still names them."""
-        for pid in _child_pids(self.proc.pid):
+        for pid in child_pids(self.proc.pid):
             args = _cmdline(pid)
             if role_in(args) == role and (worker_id is None
                                           or _option(args, "--worker-id") == worker_id):
@@ -305,17 +295,17 @@ class Meter:
 
 def wait_working(meter: Meter, collectors: int, timeout_s: float) -> None:
     """Until every collector and the learner are alive and the learner trains."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def working() -> bool:
         status = meter.status()
-        if status is not None:
-            alive = [w for w in status["workers"] if w["state"] == "alive"]
-            if (sum(w["role"] == "collector" for w in alive) >= collectors
-                    and any(w["role"] == "learner" for w in alive)
-                    and status["counters"]["train_iterations"] > 0):
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"the cluster was not training within {timeout_s:g} s")
+        if status is None:
+            return False
+        alive = [w for w in status["workers"] if w["state"] == "alive"]
+        return (sum(w["role"] == "collector" for w in alive) >= collectors
+                and any(w["role"] == "learner" for w in alive)
+                and status["counters"]["train_iterations"] > 0)
+
+    wait_for(working, timeout_s, "cluster training (every worker alive, the learner training)",
+             interval_s=0.25)
 
 
 @dataclass
@@ -452,9 +442,7 @@ def bench_config(base: Path, work: Path, storage: str, args: argparse.Namespace)
     data["coordinator"]["snapshot_interval_s"] = args.snapshot_interval_s
     if args.checkpoint_every is not None:
         data["checkpoint"]["every_train_iterations"] = args.checkpoint_every
-    path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_yaml(work / "config.yaml", data)
 
 
 def _run_roles(args: argparse.Namespace, up: Up, url: str, redis_server: RedisServer,
@@ -516,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"roles {args.roles}, {args.collectors} collectors, Redis on port "
             f"{redis_server.port}, work dir {work}")
         up = Up(config, work / "run", args.collectors, redis_server.url)
-        url = _wait(up.coordinator_url, 60, "the coordinator's URL")
+        url = wait_for(up.coordinator_url, 60, "URL of the coordinator")
         _run_roles(args, up, url, redis_server, results)
     except (RuntimeError, HttpError) as err:
         error = str(err)
@@ -535,12 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     if never:
         log(f"[red]never recovered within {args.timeout_s:g} s: {', '.join(never)}[/]")
 
-    print_tables(report_table(results, args.threshold, args.collectors))
-
     def per_role(get: Callable[[Result], float | None], digits: int = 2) -> dict:
         return {r.role: rounded(get(r), digits) for r in results}
 
-    emit({
+    report({
         **({"error": error} if error is not None else {}),
         "recovery_s": per_role(lambda r: r.recovery_s),
         "role_back_s": per_role(lambda r: r.back_s),
@@ -561,19 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_every_train_iterations": checkpoint_every,
         "rate_window_s": RATE_WINDOW_S,
         "cpu_count": os.cpu_count(),
-    })
+    }, report_table(results, args.threshold, args.collectors))
     return 1 if failed else 0
 
 
-def _wait(get: Callable[[], str | None], timeout_s: float, what: str) -> str:
-    deadline = time.monotonic() + timeout_s
-    while (value := get()) is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {what} after {timeout_s:g} s")
-        time.sleep(0.2)
-    return value
-
-
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

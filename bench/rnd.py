@@ -6,7 +6,7 @@ evaluation (`eval.episodes` deterministic episodes, every `eval.every_env_steps`
 return above -200: some episode got to the flag. `configs/mountaincar-dqn.yaml` and
 `configs/mountaincar-rnd.yaml` differ only in `algo.reward_model`.
 
-    python bench/rnd.py [--seeds 0 1 2 3 4] [--env-steps 30000] [--mode up|single]
+    python -m bench.rnd [--seeds 0 1 2 3 4] [--env-steps 30000] [--mode up|single]
                         [--collectors 1] [--work-dir DIR] [--figure PNG] [--short]
 
 `--mode up` (the default) runs each config and seed as a cluster (`rlfleet up`, one collector
@@ -28,25 +28,21 @@ import argparse
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
+import yaml
+from rich.table import Table
 
 from bench.common import (
     REPO_ROOT,
-    emit,
-    exit_on_signals,
+    Evaluated,
     fmt,
     log,
     parse_args,
-    print_tables,
-)
-from bench.common import (  # noqa: E402
-    run_up as run_cluster,
+    report,
+    run_main,
+    write_yaml,
 )
 
 CONFIGS = {"dqn": REPO_ROOT / "configs" / "mountaincar-dqn.yaml",
@@ -60,46 +56,26 @@ SHORT = {"seeds": [0], "env_steps": 5_000, "figure": None}
 
 
 @dataclass
-class Result:
-    variant: str
-    seed: int
-    evaluations: list[tuple[int, float]] = field(default_factory=list)  # (env steps, return)
-    env_steps: int = 0
-    wall_s: float | None = None
-    outcome: str = ""
+class Result(Evaluated):
     run_dir: str | None = None
-
-    @property
-    def best(self) -> float | None:
-        return max((r for _, r in self.evaluations), default=None)
 
     @property
     def goal_at(self) -> int | None:
         """Env steps of the first evaluation above the goal line."""
-        return next((s for s, r in self.evaluations if r > GOAL), None)
-
-    @property
-    def last(self) -> float | None:
-        return self.evaluations[-1][1] if self.evaluations else None
+        hit = self.first(lambda r: r > GOAL)
+        return hit[0] if hit else None
 
 
 def budget_config(variant: str, seed: int, env_steps: int, work: Path) -> Path:
     data = yaml.safe_load(CONFIGS[variant].read_text())
     data["seed"] = seed
     data["stop"] = {"max_env_steps": env_steps}
-    path = work / f"mountaincar-{variant}-s{seed}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_yaml(work / f"mountaincar-{variant}-s{seed}.yaml", data)
 
 
-def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
+def run_cluster(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
     run_dir = work / f"mountaincar-{variant}-s{seed}"
-    up = run_cluster(run_dir, config, collectors, f"{variant} seed {seed}")
-    result = Result(variant, seed, run_dir=str(run_dir), outcome=up.outcome,
-                    evaluations=[(s, r) for s, r, _ in up.evaluations])
-    if up.summary:
-        result.env_steps, result.wall_s = up.summary["env_steps"], up.summary["wall_seconds"]
-    return result
+    return Result.up(variant, seed, config, collectors, run_dir, run_dir=str(run_dir))
 
 
 def run_single_process(variant: str, seed: int, config: Path) -> Result:
@@ -108,7 +84,7 @@ def run_single_process(variant: str, seed: int, config: Path) -> Result:
 
     result = Result(variant, seed)
     res = run_single(load_config(config), progress=lambda s, i, r, t:
-                     result.evaluations.append((s, r)))
+                     result.evaluations.append((s, r, t)))
     result.env_steps, result.wall_s = res.env_steps, res.wall_seconds
     result.outcome = "solved" if res.solved else "budget"
     return result
@@ -161,8 +137,7 @@ def summarise(results: list[Result], env_steps: int) -> dict:
     out["env_steps"] = env_steps
     out["goal_rate_by_env_steps"] = {str(b): {v: goal_rate(results, v, b) for v in CONFIGS}
                                      for b in checkpoints(env_steps)}
-    out["runs"] = [{**{k: v for k, v in asdict(r).items() if k != "evaluations"},
-                    "goal_at": r.goal_at, "best": r.best, "last": r.last}
+    out["runs"] = [{**r.row(), "goal_at": r.goal_at, "best": r.best, "last": r.last}
                    for r in results]
     return out
 
@@ -178,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figure", type=Path, default=FIGURE, help="--mode up: both configs' "
                    "curves, drawn by rlfleet plot (with --short: into the work dir)")
     args = parse_args(p, argv, SHORT)
-    exit_on_signals()
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-rnd-") as tmp:
         work = (args.work_dir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
@@ -187,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in CONFIGS:
                 config = budget_config(variant, seed, args.env_steps, work)
                 log(f"{variant} seed {seed}: {args.env_steps:,} env steps ({args.mode})")
-                r = (run_up(variant, seed, config, args.collectors, work) if args.mode == "up"
+                r = (run_cluster(variant, seed, config, args.collectors, work)
+                     if args.mode == "up"
                      else run_single_process(variant, seed, config))
                 log(f"{variant} seed {seed}: best {fmt(r.best)}, goal at "
                     f"{r.goal_at if r.goal_at is not None else 'never'}")
@@ -200,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                                   capture_output=True, text=True)
             log(done.stdout.strip() if done.returncode == 0 else
                 f"[red]rlfleet plot failed: {done.stderr.strip()[-500:]}[/]")
-        print_tables(table(results, args.env_steps), rates_table(results, args.env_steps))
-        emit(summarise(results, args.env_steps))
+        report(summarise(results, args.env_steps), table(results, args.env_steps),
+               rates_table(results, args.env_steps))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

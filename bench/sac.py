@@ -5,7 +5,7 @@ Each seed runs `configs/halfcheetah-sac.yaml` and `configs/halfcheetah-ppo.yaml`
 (SAC 300k env steps, PPO 1M: the budgets their configs are measured at). The goal: SAC there
 in at most half PPO's env steps, the gap RL-Zoo's tables show at 1M steps.
 
-    python bench/sac.py [--seeds 0 1] [--sac-env-steps 300000] [--ppo-env-steps 1000000]
+    python -m bench.sac [--seeds 0 1] [--sac-env-steps 300000] [--ppo-env-steps 1000000]
                         [--eval-every N] [--eval-episodes N] [--learning-starts N]
                         [--sac-hidden 256 256] [--collectors 2] [--work-dir DIR] [--short]
 
@@ -24,29 +24,23 @@ limits it, so its wall time says more about the machine than about SAC.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
+import yaml
+from rich.table import Table
 
 from bench.common import (
     REPO_ROOT,
-    emit,
-    exit_on_signals,
+    Evaluated,
     fmt,
     log,
     median,
     parse_args,
-    print_tables,
     ratio,
-)
-from bench.common import (  # noqa: E402
-    run_up as run_cluster,
+    report,
+    run_main,
+    write_yaml,
 )
 
 CONFIGS = {"sac": REPO_ROOT / "configs" / "halfcheetah-sac.yaml",
@@ -62,23 +56,11 @@ SHORT = {"seeds": [0], "sac_env_steps": 3_000, "ppo_env_steps": 5_000, "eval_eve
          "collectors": 1}
 
 
-@dataclass
-class Result:
-    variant: str
-    seed: int
-    evaluations: list[tuple[int, float, float]] = field(default_factory=list)  # steps, return, s
-    env_steps: int = 0
-    wall_s: float | None = None
-    outcome: str = ""
-
-    @property
-    def best(self) -> float | None:
-        return max((r for _, r, _ in self.evaluations), default=None)
-
+class Result(Evaluated):
     @property
     def reached(self) -> tuple[int, float] | None:
         """(env steps, wall seconds) of the first evaluation at the target."""
-        return next(((s, t) for s, r, t in self.evaluations if r >= TARGET), None)
+        return self.first(lambda r: r >= TARGET)
 
 
 def budget_config(variant: str, seed: int, env_steps: int, args: argparse.Namespace,
@@ -102,17 +84,7 @@ def budget_config(variant: str, seed: int, env_steps: int, args: argparse.Namesp
         data["algo"]["hidden_sizes"] = list(args.sac_hidden)
     if variant == "ppo" and env_steps < data["algo"].get("lr_anneal_rows", 0):
         data["algo"]["lr_anneal_rows"] = env_steps  # annealed over the budget it has
-    path = work / f"{variant}-s{seed}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def run_up(variant: str, seed: int, config: Path, collectors: int, work: Path) -> Result:
-    up = run_cluster(work / f"{variant}-s{seed}", config, collectors, f"{variant} seed {seed}")
-    result = Result(variant, seed, outcome=up.outcome, evaluations=up.evaluations)
-    if up.summary:
-        result.env_steps, result.wall_s = up.summary["env_steps"], up.summary["wall_seconds"]
-    return result
+    return write_yaml(work / f"{variant}-s{seed}.yaml", data)
 
 
 def table(results: list[Result]) -> Table:
@@ -141,8 +113,7 @@ def summarise(results: list[Result]) -> dict:
         out[f"{variant}_best_return"] = max(bests) if bests else None
     out["steps_ratio"] = ratio(out["sac_steps_to_3000"], out["ppo_steps_to_3000"])
     out["goal_ratio"] = GOAL_RATIO
-    out["runs"] = [{**{k: v for k, v in asdict(r).items() if k != "evaluations"},
-                    "reached": r.reached, "best": r.best} for r in results]
+    out["runs"] = [{**r.row(), "reached": r.reached, "best": r.best} for r in results]
     return out
 
 
@@ -163,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a "
                    "temporary one, removed at the end)")
     args = parse_args(p, argv, SHORT)
-    exit_on_signals()
     budgets = {"sac": args.sac_env_steps, "ppo": args.ppo_env_steps}
     with tempfile.TemporaryDirectory(prefix="rlfleet-bench-sac-") as tmp:
         work = (args.work_dir or Path(tmp)).resolve()
@@ -173,15 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             for variant in CONFIGS:
                 config = budget_config(variant, seed, budgets[variant], args, work)
                 log(f"{variant} seed {seed}: at most {budgets[variant]:,} env steps")
-                r = run_up(variant, seed, config, args.collectors, work)
+                r = Result.up(variant, seed, config, args.collectors, work / f"{variant}-s{seed}")
                 hit = r.reached
                 log(f"{variant} seed {seed}: best {fmt(r.best)}, 3,000 at "
                     f"{f'{hit[0]:,} env steps' if hit else 'never'}")
                 results.append(r)
-        print_tables(table(results))
-        emit(summarise(results))
+        report(summarise(results), table(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

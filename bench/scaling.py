@@ -22,7 +22,7 @@ step takes at least `num_envs * step_s` and yields `num_envs` env steps: at most
 `1 / step_s` env steps/s per collector, whatever `num_envs` is (500/s at 2 ms). `time.sleep`
 overshoots a little, so even a perfect collector stays some percent below it.
 
-    python bench/scaling.py [--collectors 1 2 4 8 16] [--seconds 10] [--step-s 0.002] [--short]
+    python -m bench.scaling [--collectors 1 2 4 8 16] [--seconds 10] [--step-s 0.002] [--short]
 """
 
 from __future__ import annotations
@@ -30,35 +30,36 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     CpuWindow,
+    LocalRun,
+    WaitTimeout,
     clear_storage,
-    emit,
-    exit_on_signals,
+    coordinator_up,
+    counter_rate,
     fmt,
     free_running_data,
     log,
     parse_args,
-    print_tables,
     progress,
     ratio,
+    report,
     rounded,
+    run_main,
+    wait_for,
+    worker_status,
+    write_yaml,
 )
-from rlfleet.local.launcher import Child, ChildFailed, LocalCluster  # noqa: E402
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
-from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
+from rlfleet.local.launcher import Child, ChildFailed, LocalCluster
+from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.run.config import RunConfig, parse_config
 
 SLOW_ENV = "bench.slow_env:SlowCartPole"
@@ -103,37 +104,24 @@ class Point:
 
 def collector_steps(children: list[Child]) -> list[int | None]:
     """Each collector's own env step count (its /status), None where it does not answer."""
-    out: list[int | None] = []
-    for child in children:
-        client = HttpClient(child.url, timeout_s=5, retries=1)
-        try:
-            out.append(int(client.get("/status")["env_steps"]))
-        except (HttpError, KeyError, TypeError, ValueError):
-            out.append(None)
-        finally:
-            client.close()
-    return out
+    steps = [worker_status(child).get("env_steps") for child in children]
+    return [None if n is None else int(n) for n in steps]
 
 
-def wait_collecting(cluster: LocalCluster, client: HttpClient, children: list[Child],
-                    timeout_s: float) -> None:
+def wait_collecting(run: LocalRun, children: list[Child], timeout_s: float) -> None:
     """Until every collector is registered, alive and has reported env steps (through its
     heartbeat status), so the window sees the whole fleet at work and none still starting."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        dead = cluster.crashed()
+    def collecting() -> bool:
+        dead = run.cluster.crashed()
         if dead is not None:
             raise ChildFailed(f"{dead.name} exited with code {dead.proc.returncode}; last "
                               f"lines of {dead.log_path}:\n{dead.tail(8)}")
-        workers = client.get(f"{API}/status")["workers"]
-        working = [w for w in workers if w["role"] == "collector" and w["state"] == "alive"
+        working = [w for w in run.status()["workers"]
+                   if w["role"] == "collector" and w["state"] == "alive"
                    and (w.get("status") or {}).get("env_steps", 0) > 0]
-        if len(working) >= len(children):
-            return
-        if time.monotonic() > deadline:
-            raise ChildFailed(f"only {len(working)} of {len(children)} collectors collecting "
-                              f"after {timeout_s:g} s")
-        time.sleep(0.25)
+        return len(working) >= len(children)
+
+    wait_for(collecting, timeout_s, f"{len(children)} collectors collecting", interval_s=0.25)
 
 
 def measure(n: int, cfg: RunConfig, work: Path, seconds: float, warmup: float,
@@ -143,45 +131,35 @@ def measure(n: int, cfg: RunConfig, work: Path, seconds: float, warmup: float,
     run_dir.mkdir()
     storage = str(run_dir / "storage")
     cfg = cfg.with_overrides(name=f"{cfg.name}-n{n}", storage=storage)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    cluster = LocalCluster(config_path, run_dir, storage, collector_nice=0)
-    client: HttpClient | None = None
+    cluster = LocalCluster(write_yaml(run_dir / "config.yaml", cfg), run_dir, storage,
+                           collector_nice=0)
     point = Point(n)
     try:
-        coordinator = cluster.start_coordinator()
-        client = HttpClient(coordinator.url, timeout_s=10, retries=2)
-        t_spawn = time.monotonic()
-        children = [cluster.add_collector() for _ in range(n)]
-        wait_collecting(cluster, client, children, start_timeout_s)
-        point.start_s = time.monotonic() - t_spawn
-        log(f"N={n}: all collecting after {point.start_s:.1f} s; warm-up {warmup:g} s, then "
-            f"{seconds:g} s window...")
-        time.sleep(warmup)
-        pids = {"coordinator": coordinator.proc.pid} | {c.name: c.proc.pid for c in children}
-        cpu = CpuWindow(pids)
-        own0 = collector_steps(children)
-        s0 = client.get(f"{API}/status")["counters"]["env_steps"]
-        t0 = time.monotonic()
-        cpu.start(t0)
-        time.sleep(seconds)
-        s1 = client.get(f"{API}/status")["counters"]["env_steps"]
-        t1 = time.monotonic()
-        cpu.stop(t1)
-        own1 = collector_steps(children)
-        point.cpu = cpu
-        point.steps_per_s = (s1 - s0) / (t1 - t0)
-        point.per_collector = [(b - a) / (t1 - t0) for a, b in zip(own0, own1, strict=True)
-                               if a is not None and b is not None]
-        if (dead := cluster.crashed()) is not None:
-            point.error = f"{dead.name} exited during the window"
-    except (ChildFailed, HttpError) as err:
+        with coordinator_up(cluster) as run:
+            t_spawn = time.monotonic()
+            children = [cluster.add_collector() for _ in range(n)]
+            wait_collecting(run, children, start_timeout_s)
+            point.start_s = time.monotonic() - t_spawn
+            log(f"N={n}: all collecting after {point.start_s:.1f} s; warm-up {warmup:g} s, "
+                f"then {seconds:g} s window...")
+            time.sleep(warmup)
+            pids = {"coordinator": run.coordinator.proc.pid} | {c.name: c.proc.pid
+                                                                 for c in children}
+            cpu = CpuWindow(pids)
+            own0 = collector_steps(children)
+            rate = counter_rate(run, "env_steps", seconds, cpu)
+            own1 = collector_steps(children)
+            point.cpu = cpu
+            point.steps_per_s = rate.per_s
+            point.per_collector = [(b - a) / rate.seconds
+                                   for a, b in zip(own0, own1, strict=True)
+                                   if a is not None and b is not None]
+            if (dead := cluster.crashed()) is not None:
+                point.error = f"{dead.name} exited during the window"
+    except (ChildFailed, HttpError, WaitTimeout) as err:
         point.error = str(err).splitlines()[0]
         log(f"[red]N={n}: {err}[/]")
     finally:
-        if client is not None:
-            client.close()
-        cluster.shutdown()
         clear_storage(storage, cfg.name)
     return point
 
@@ -262,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     base = next((pt.steps_per_s for pt in points if pt.n == 1), None)
-    print_tables(report_table(points, base, ceiling, args.step_s, args.num_envs, args.seconds))
 
     def cores(pt: Point) -> dict[str, float] | None:
         if pt.cpu is None:
@@ -272,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bench": round(pt.cpu.cores("bench"), 3),
                 "others": round(pt.cpu.others_cores(), 3)}
 
-    emit({
+    report({
         "steps_per_s": {str(pt.n): rounded(pt.steps_per_s, 1) for pt in points},
         "efficiency": {str(pt.n): rounded(ratio(pt.steps_per_s, None if base is None
                                                 else pt.n * base)) for pt in points},
@@ -294,10 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "warmup": args.warmup,
         "cpu_count": os.cpu_count(),
-    })
+    }, report_table(points, base, ceiling, args.step_s, args.num_envs, args.seconds))
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

@@ -3,7 +3,7 @@
 For each game (tic-tac-toe, Connect Four), its training config (`configs/<game>-selfplay
 .yaml`, its replay ratio kept; evaluations and stop rules off, so both sides only play and
 learn) runs three ways, in turn:
-- *in one process* (the ceiling the issue names): `rlfleet.single_process.run_single` plays the same
+- *in one process* (the ceiling): `rlfleet.single_process.run_single` plays the same
   games with the same battle rollout, league (PFSP draws, snapshots) and learner at the same
   replay ratio, wired by function calls: no HTTP, no storage, one core;
 - *through the cluster*: `rlfleet up` with one collector (`--collectors N`) and the learner;
@@ -19,7 +19,7 @@ once. The one-process figure includes its first seconds, before the buffer's `mi
 when it plays without learning (a slight bias in its favour). Each figure is measured
 `--repeats` times and reported with its spread (this machine is shared and noisy).
 
-    python bench/selfplay.py [--games tictactoe_v3 connect_four_v3] [--seconds 30]
+    python -m bench.selfplay [--games tictactoe_v3 connect_four_v3] [--seconds 30]
                              [--repeats 2] [--collectors 1] [--warmup-s 12] [--short]
 
 The last line of stdout is one JSON object: `games_per_s`, `in_process_games_per_s` and
@@ -32,28 +32,25 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     die_with_parent,
-    emit,
-    exit_on_signals,
     fmt,
     log,
     median,
     parse_args,
-    print_tables,
     ratio,
+    report,
     rounded,
+    run_main,
+    up_command,
+    write_yaml,
 )
 
 CONFIGS = {"tictactoe_v3": "configs/tictactoe-selfplay.yaml",
@@ -76,9 +73,7 @@ def bench_config(game: str, tmp: Path, name: str, seconds: float) -> Path:
     data["league"]["stop_when"] = []
     data["stop"] = {"max_env_steps": None, "max_wall_s": seconds}
     data["logging"]["scopes"]["info"]["every_env_steps"] = 500
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return write_yaml(tmp / f"{name}.yaml", data)
 
 
 def single_process(config: Path) -> float:
@@ -133,9 +128,8 @@ def through_cluster(config: Path, run_dir: Path, seconds: float, collectors: int
                     warmup_s: float = WARMUP_S) -> float:
     """Games per second the coordinator accepted over the steady part of a run."""
     wall = warmup_s + seconds
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--run-dir", str(run_dir), "--quiet",
-           "--max-wall-s", str(wall)]  # the config's own limit is the one-process run's
+    # --max-wall-s: the config's own limit is the one-process run's
+    cmd = up_command(config, run_dir, collectors, "--max-wall-s", str(wall))
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
                           preexec_fn=die_with_parent,
                           timeout=wall + 120)
@@ -206,15 +200,13 @@ def main(argv: list[str] | None = None) -> int:
                       fmt(median(figs["play_only"])), ", ".join(
                           f"{a:.0f}/{b:.0f}" for a, b in zip(figs["in_process"],
                                                              figs["cluster"], strict=True)))
-    print_tables(table)
     ratios = [v for v in out["ratio"].values() if v is not None]
     out["ratio_min"] = min(ratios) if ratios else None
     out["goal"] = {"ratio": 0.7}
     out["runs"] = runs
-    emit(out)
+    report(out, table)
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

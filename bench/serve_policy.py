@@ -8,7 +8,7 @@ calls for each request), no HTTP, JSON or validation, so the difference is what 
 HTTP costs. Bodies are encoded before the clock starts (the client's JSON encoding is not the
 server's cost); the server is started with a token, as a deployment would run it.
 
-    python bench/serve_policy.py [--run-dir RUN] [--seconds 5] [--threads 4] [--short]
+    python -m bench.serve_policy [--run-dir RUN] [--seconds 5] [--threads 4] [--short]
 
 Without `--run-dir`, a run is made first: CartPole PPO through `rlfleet up` for 6,000 env steps
 (a policy that plays; the network, an MLP (64, 64), is what a solved one has). Progress goes
@@ -24,30 +24,30 @@ import http.client
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import yaml
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     CpuWindow,
     die_with_parent,
-    emit,
-    exit_on_signals,
     fmt,
     log,
     parse_args,
-    print_tables,
+    report,
     rounded,
+    run_main,
+    stop_process,
+    up_command,
+    wait_healthy,
+    write_yaml,
 )
 
 BATCHES = (1, 64)
@@ -68,13 +68,10 @@ def make_run(tmp: Path, env_steps: int = 6000) -> Path:
     data["eval"].update(start_env_steps=env_steps, every_env_steps=env_steps, episodes=4,
                         num_envs=4, stop_value=0.0)
     data["stop"] = {"max_wall_s": 240}
-    config = tmp / "cartpole-ppo.yaml"
-    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    config = write_yaml(tmp / "cartpole-ppo.yaml", data)
     run_dir = tmp / "run"
-    done = subprocess.run([sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-                           "--collectors", "1", "--run-dir", str(run_dir), "--quiet"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=die_with_parent)
+    done = subprocess.run(up_command(config, run_dir, 1), cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300, preexec_fn=die_with_parent)
     if done.returncode not in (0, 3) or not (run_dir / "best_policy.safetensors").is_file():
         raise RuntimeError(f"rlfleet up failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return run_dir
@@ -136,22 +133,6 @@ def over_http(port: int, token: str, bodies: list[bytes], seconds: float,
         conn.close()
 
 
-def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"rlfleet serve-policy exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"rlfleet serve-policy did not answer /health in {timeout_s:.0f} s")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", default=None, help="a run with best_policy.safetensors "
@@ -189,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         figures: dict[int, dict[str, float]] = {}
         cpu: dict[int, CpuWindow] = {}
         try:
-            wait_healthy(server, port)
+            wait_healthy(server, f"http://127.0.0.1:{port}", "rlfleet serve-policy",
+                         log_path=tmp / "server.log")
             for b in BATCHES:
                 bodies = [json.dumps({"obs": x.tolist()}).encode() for x in batches[b]]
                 log(f"batch {b}: {args.seconds:g} s over HTTP...")
@@ -207,12 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                               "requests_per_s": len(lat) / wall, "in_p50": l50,
                               "in_p99": l99, "in_per_s": b * len(local) / local_wall}
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                code = server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                code = server.wait()
+            code = stop_process(server)
         if code != 0:
             log(f"[red]rlfleet serve-policy exited with {code}[/]:\n"
                 f"{(tmp / 'server.log').read_text()[-2000:]}")
@@ -231,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                       fmt(f["in_p50"], ".3f"), fmt(f["in_p99"], ".3f"),
                       fmt(f["in_per_s"], ",.0f"), fmt(f["p50"] - f["in_p50"], ".3f"),
                       fmt(cpu[b].cores("server"), ".2f"), fmt(cpu[b].others_cores(), ".2f"))
-    print_tables(table)
     out: dict = {}
     for b, f in figures.items():
         tail = "" if b == 1 else f"_{b}"
@@ -249,10 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     out.update({"env": cfg.env.id, "algo": cfg.algo.name, "policy_version": version,
                 "threads": args.threads, "seconds": args.seconds,
                 "server_exit_code": code})
-    emit(out)
+    report(out, table)
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

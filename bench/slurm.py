@@ -9,10 +9,13 @@ solving evaluation: submit -> solved (the queue, the job starts, every role's st
 training) against launch -> solved. The nodes share this machine's cores, so the ratio is what
 Slurm and the hosts apart cost, not what more machines buy.
 
-    python bench/slurm.py [--seeds 0 1 2] [--collectors 2] [--stop-value R] [--short]
+    PYTHONPATH=tests python -m bench.slurm [--seeds 0 1 2] [--collectors 2] [--stop-value R]
+                                           [--short]
 
-Needs root (network namespaces) and Slurm's and munge's binaries (`.ci/ensure-slurm`). The
-last line of stdout is one JSON object.
+Needs root (network namespaces), Slurm's and munge's binaries (`.ci/ensure-slurm`), and
+`tests/` on the import path: the cluster is test infrastructure (it builds on the netns
+suite's hosts), whose modules import each other as the test suites' roots (`netns.hosts`,
+`integration.helpers`), as pytest puts them. The last line of stdout is one JSON object.
 """
 
 from __future__ import annotations
@@ -25,28 +28,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))  # before bench/: `slurm` is tests/slurm, not this file
+from rich.table import Table
 
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
-    emit,
-    exit_on_signals,
-    fmt,
-    log,
-    median,
-    parse_args,
-    print_tables,
-    ratio,
-    rounded,
-)
-from bench.time_to_solve import CONFIGS, EASY_TARGET, adjusted_config, run_cluster  # noqa: E402
+from bench.common import emit, fmt, log, median, parse_args, ratio, report, rounded, run_main
+from bench.time_to_solve import CONFIGS, EASY_TARGET, adjusted_config, run_cluster
 
 FIGURES = ("slurm_solve_s", "local_solve_s", "ratio", "submit_to_first_chunk_s",
            "local_first_chunk_s", "slurm_run_s", "local_run_s", "cluster_start_s")
 SHORT = {"seeds": [0], "stop_value": EASY_TARGET}
+# The test suites the Slurm cluster's modules import as top-level packages, from tests/.
+TEST_ROOTS = ("slurm", "netns", "integration", "chaos")
 PARTITIONS = {"learn": "Nodes=n1 Default=YES MaxTime=INFINITE State=UP",
               "collect": "Nodes=n2,n3 MaxTime=INFINITE State=UP LLN=YES"}
 
@@ -118,7 +109,15 @@ def table(slurm: list[Result], local: list[Result], med: dict, stop_value: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    from slurm.cluster import SlurmCluster, unavailable
+    try:
+        from slurm.cluster import SlurmCluster, unavailable
+    except ModuleNotFoundError as err:
+        if err.name not in TEST_ROOTS:
+            raise
+        why = f"no module {err.name!r}: run with tests/ on the path, PYTHONPATH=tests"
+        log(f"[red]{why}[/]")
+        emit({"error": why})
+        return 1
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -127,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-value", type=float, default=None,
                     help="default: the config's (475)")
     args = parse_args(ap, argv, SHORT)
-    exit_on_signals()
     why = unavailable()
     if why:
         log(f"[red]no Slurm cluster can be built here: {why}[/]")
@@ -162,16 +160,16 @@ def main(argv: list[str] | None = None) -> int:
            "slurm_run_s": median(r.run_s for r in slurm),
            "local_run_s": median(r.run_s for r in local)}
     med["ratio"] = ratio(med["slurm_solve_s"], med["local_solve_s"])
-    print_tables(table(slurm, local, med, stop_value))
-    emit({**{k: rounded(v) for k, v in med.items()}, "cluster_start_s": rounded(start_s),
-          "seeds": args.seeds, "collectors": args.collectors, "algo": args.algo,
-          "stop_value": stop_value,
-          "slurm_solved": sum(r.solved for r in slurm),
-          "local_solved": sum(r.solved for r in local),
-          "slurm_solve_s_each": [rounded(r.solve_s) for r in slurm],
-          "local_solve_s_each": [rounded(r.solve_s) for r in local]})
+    report({**{k: rounded(v) for k, v in med.items()}, "cluster_start_s": rounded(start_s),
+            "seeds": args.seeds, "collectors": args.collectors, "algo": args.algo,
+            "stop_value": stop_value,
+            "slurm_solved": sum(r.solved for r in slurm),
+            "local_solved": sum(r.solved for r in local),
+            "slurm_solve_s_each": [rounded(r.solve_s) for r in slurm],
+            "local_solve_s_each": [rounded(r.solve_s) for r in local]},
+           table(slurm, local, med, stop_value))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

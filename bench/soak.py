@@ -25,7 +25,7 @@ evaluation every `--eval-every` env steps (so the evaluation history keeps growi
   that wait on purpose (`/sample` and `/permits/collect` hold a request until data or a
   permit is there) are left out: their time is the rate limiter's, not the coordinator's.
 
-    python bench/soak.py [--minutes 30] [--collectors 4] [--interval-s 15]
+    python -m bench.soak [--minutes 30] [--collectors 4] [--interval-s 15]
                          [--storage redis://127.0.0.1:6379/0 | DIR] [--eval-every 2000]
                          [--short]
 
@@ -51,9 +51,7 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -61,27 +59,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from rich.table import Table
 
-import psutil  # noqa: E402
-import requests  # noqa: E402
-import yaml  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     clear_storage,
-    die_with_parent,
-    emit,
-    exit_on_signals,
     fmt,
     is_redis,
     log,
     parse_args,
-    print_tables,
+    report,
+    run_main,
+    start_up,
+    write_yaml,
 )
-from bench.footprint import ROLES, describe  # noqa: E402
+from bench.footprint import ROLES, describe
+from rlfleet.cli import free_port
 
 MB = 1024 * 1024
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -515,14 +511,9 @@ class Soak:
         self.samples: list[Sample] = []
 
     def start(self, config: Path, collectors: int, port: int) -> None:
-        cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-               "--collectors", str(collectors), "--run-dir", str(self.run_dir),
-               "--storage", self.storage, "--port", str(port), "--quiet"]
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "up.log", "wb") as out:
-            self.t0 = time.monotonic()
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         cwd=REPO_ROOT, preexec_fn=die_with_parent)
+        self.t0 = time.monotonic()
+        self.proc = start_up(config, self.run_dir, collectors, "--storage", self.storage,
+                             "--port", str(port))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -702,12 +693,6 @@ def _evaluations(run_dir: Path) -> tuple[int | None, int | None]:
     return len(held), (held[-1].get("seq") if held else 0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "cartpole-dqn.yaml")
@@ -732,10 +717,9 @@ def main(argv: list[str] | None = None) -> int:
     if not is_redis(storage):  # never another run's files: a folder of its own, deleted after
         storage = str(Path(storage.removeprefix("file://")).resolve() / name)
     work.mkdir(parents=True, exist_ok=True)
-    config = work / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(soak_config(args.config.resolve(), storage, args.minutes,
-                                                 args.eval_every), sort_keys=False))
-    port = _free_port()
+    config = write_yaml(work / f"{name}.yaml", soak_config(args.config.resolve(), storage,
+                                                            args.minutes, args.eval_every))
+    port = free_port()
     warmup_s = args.warmup_s if args.warmup_s is not None else warmup_seconds(args.minutes)
     runner = Soak(run_dir, storage, port)
     if runner.redis is not None:
@@ -787,11 +771,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({result['pss_growth_mb_per_hour']} MB/h), keys max {result['storage_keys_max']}, "
         f"fds {result['fds_growth']:+d}, p99 {result['p99_ms_start']} -> "
         f"{result['p99_ms_end']} ms")
-    print_tables(*tables(samples, result))
-    emit(result)
+    report(result, *tables(samples, result))
     return 0 if alive_at_end else 1
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

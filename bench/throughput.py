@@ -19,58 +19,63 @@ Each ceiling is measured in two halves, one right before and one right after its
 window, with the cluster idle, so drift from other load on the machine hits both alike. The
 CPU each process used during each window is shown, with what the rest of the machine used.
 
-    python bench/throughput.py [--seconds 15] [--storage DIR_OR_REDIS_URL]
+    python -m bench.throughput [--seconds 15] [--storage DIR_OR_REDIS_URL]
                                [--learners 64 256 per] [--fill-to N] [--short]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     CpuWindow,
+    LocalRun,
+    Rate,
+    WaitTimeout,
+    WorkerFailed,
     clear_storage,
-    emit,
-    exit_on_signals,
+    coordinator_up,
+    counter_rate,
     fmt,
     free_running_data,
     is_redis,
     log,
+    mean_rate,
     parse_args,
-    print_tables,
     progress,
     ratio,
+    report,
     rounded,
+    run_main,
+    wait_for,
+    worker_status,
+    write_yaml,
 )
-from rlfleet.learner.output.feedback import PriorityFeedback  # noqa: E402
-from rlfleet.local.launcher import Child, LocalCluster  # noqa: E402
+from rlfleet.learner.output.feedback import PriorityFeedback
+from rlfleet.local.launcher import Child, LocalCluster
 from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import make_policy
-from rlfleet.shared.batching.arena import ChunkArena  # noqa: E402
-from rlfleet.shared.batching.batching import assemble_from  # noqa: E402
-from rlfleet.shared.contract.wire.base import API  # noqa: E402
-from rlfleet.shared.contract.wire.experience import ChunkMeta  # noqa: E402
-from rlfleet.shared.contract.wire.sampling import SampleRequest  # noqa: E402
-from rlfleet.shared.envs.make import env_spec, make_vector_env  # noqa: E402
-from rlfleet.shared.infra.http import HttpClient, HttpError  # noqa: E402
-from rlfleet.shared.replay.replay import Replay  # noqa: E402
-from rlfleet.shared.rollout.rollout import Rollout  # noqa: E402
+from rlfleet.shared.batching.arena import ChunkArena
+from rlfleet.shared.batching.batching import assemble_from
+from rlfleet.shared.contract.wire.experience import ChunkMeta
+from rlfleet.shared.contract.wire.sampling import SampleRequest
+from rlfleet.shared.envs.make import env_spec, make_vector_env
+from rlfleet.shared.replay.replay import Replay
+from rlfleet.shared.rollout.rollout import Rollout
 from rlfleet.shared.run.config import RunConfig, parse_config
 
 COLLECTOR_GOAL = 0.7   # collector_ratio the team aims for
@@ -96,28 +101,6 @@ def bench_config(base: Path, name: str, storage: str, epsilon: float) -> RunConf
 
 
 # -- in-process ceilings ------------------------------------------------------------------
-
-@dataclass
-class Rate:
-    """A count over a window, per second of wall time and per CPU-second spent on it."""
-    count: float
-    seconds: float
-    cpu_s: float
-
-    @property
-    def per_s(self) -> float:
-        return self.count / self.seconds
-
-    @property
-    def per_cpu_s(self) -> float | None:
-        return self.count / self.cpu_s if self.cpu_s > 0 else None
-
-
-def mean_rate(halves: list[Rate]) -> Rate:
-    """Two half-windows as one: counts, seconds and CPU added up."""
-    return Rate(sum(h.count for h in halves), sum(h.seconds for h in halves),
-                sum(h.cpu_s for h in halves))
-
 
 def fixed_epsilon(algo: DQNConfig, epsilon: float) -> DQNConfig:
     """The DQN settings with a constant epsilon, so both sides explore alike."""
@@ -209,42 +192,34 @@ def update_loop_per_s(cfg: RunConfig, memory: MemoryReplay, seconds: float, seed
 
 # -- the cluster side ---------------------------------------------------------------------
 
-class WorkerFailed(RuntimeError):
-    """A worker process that exited, or whose loop reports an error in its /status."""
-
-
-def worker_error(child: Child) -> str | None:
-    if child.proc.poll() is not None:
-        return f"exited with code {child.proc.returncode}"
-    worker = HttpClient(child.url, timeout_s=2, retries=0)
-    try:
-        return worker.get("/status").get("error")
-    except HttpError:
-        return None  # not serving yet
-    finally:
-        worker.close()
-
-
-def start_worker(cluster: LocalCluster, client: HttpClient, role: str, counter: str,
-                 timeout_s: float = 120.0, attempts: int = 2) -> Child:
+def start_worker(run: LocalRun, role: str, counter: str, timeout_s: float = 120.0,
+                 attempts: int = 2) -> Child:
     """Start a collector or learner and wait until the coordinator's `counter` moves; a worker
     whose loop failed is replaced once (and the failure shown), so one bad start does not
     spoil the run."""
     for attempt in range(1, attempts + 1):
-        child = cluster.add_collector() if role == "collector" else cluster.start_learner()
-        start = client.get(f"{API}/status")["counters"][counter]
-        deadline = time.monotonic() + timeout_s
-        error = None
-        while time.monotonic() < deadline and error is None:
-            if client.get(f"{API}/status")["counters"][counter] > start:
-                return child
-            error = worker_error(child)
-            time.sleep(0.2)
-        error = error or f"no {counter} within {timeout_s:g} s"
-        log(f"[yellow]{child.name} failed to start (attempt {attempt}/{attempts}): {error}; "
-            f"last lines of {child.log_path}:[/]")
+        child = run.cluster.add_collector() if role == "collector" \
+            else run.cluster.start_learner()
+        start = run.counter(counter)
+
+        def moved(child: Child = child, start: int = start) -> bool:
+            if run.counter(counter) > start:
+                return True
+            if child.proc.poll() is not None:
+                raise WorkerFailed(f"exited with code {child.proc.returncode}")
+            error = worker_status(child, timeout_s=2, retries=0).get("error")
+            if error:
+                raise WorkerFailed(error)
+            return False
+
+        try:
+            wait_for(moved, timeout_s, counter)
+            return child
+        except (WorkerFailed, WaitTimeout) as err:
+            log(f"[yellow]{child.name} failed to start (attempt {attempt}/{attempts}): {err}; "
+                f"last lines of {child.log_path}:[/]")
         progress.print(child.tail(8), markup=False, highlight=False)
-        cluster.stop([child])
+        run.cluster.stop([child])
     raise WorkerFailed(f"{role} did not start after {attempts} attempts")
 
 
@@ -255,25 +230,32 @@ class Window:
     worker_status: dict
 
 
-def measure_counter(client: HttpClient, counter: str, seconds: float, cpu: CpuWindow,
+def measure_counter(run: LocalRun, counter: str, seconds: float, cpu: CpuWindow,
                     worker: Child) -> Window:
-    """Rate of a coordinator counter over `seconds`, timed by this process's clock."""
-    s0 = client.get(f"{API}/status")["counters"][counter]
-    t0 = time.monotonic()
-    cpu.start(t0)
-    time.sleep(seconds)
-    s1 = client.get(f"{API}/status")["counters"][counter]
-    t1 = time.monotonic()
-    cpu.stop(t1)
-    worker_client = HttpClient(worker.url, timeout_s=5, retries=1)
-    try:
-        worker_status = worker_client.get("/status")
-    except HttpError:
-        worker_status = {}
-    finally:
-        worker_client.close()
-    cluster_cpu = sum(v for k, v in cpu.used.items() if k != "bench")
-    return Window(Rate(s1 - s0, t1 - t0, cluster_cpu), cpu, worker_status)
+    """Rate of a coordinator counter over `seconds`, and what the worker says at its end."""
+    rate = counter_rate(run, counter, seconds, cpu)
+    return Window(rate, cpu, worker_status(worker))
+
+
+def beside_ceiling(run: LocalRun, label: str, what: str, ceiling: Callable[[], Rate], role: str,
+                   counter: str, seconds: float, warmup: float, start_timeout_s: float = 120.0
+                   ) -> tuple[Window, list[Rate]]:
+    """A worker's window between the two halves of its in-process ceiling: the first half,
+    then a `role` worker started, run for `warmup` s and measured by the coordinator's
+    `counter` over `seconds`, then stopped, then the second half (the cluster idle during
+    both), so that drift in the machine's load hits both alike."""
+    log(f"{label} in-process {what}, first half...")
+    halves = [ceiling()]
+    log(f"{label} {role}: starting...")
+    worker = start_worker(run, role, counter, timeout_s=start_timeout_s)
+    time.sleep(warmup)
+    log(f"{label} {role}: measuring for {seconds:g} s...")
+    window = measure_counter(run, counter, seconds, CpuWindow(
+        {role: worker.proc.pid, "coordinator": run.coordinator.proc.pid}), worker)
+    run.cluster.stop([worker])
+    log(f"{label} in-process {what}, second half...")
+    halves.append(ceiling())
+    return window, halves
 
 
 # -- output -------------------------------------------------------------------------------
@@ -345,12 +327,6 @@ def worker_table(collect: Window, learns: dict[str, Measured]) -> Table:
 
 # -- main ---------------------------------------------------------------------------------
 
-def write_config(cfg: RunConfig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    return path
-
-
 def variant_config(variant: str, name: str, storage: str, epsilon: float) -> RunConfig:
     _, base, batch = LEARNERS[variant]
     data = free_running_data(base, name, storage, epsilon)
@@ -358,19 +334,16 @@ def variant_config(variant: str, name: str, storage: str, epsilon: float) -> Run
     return parse_config(data, f"bench config ({variant})")
 
 
-def fill(cluster: LocalCluster, client: HttpClient, target: int, timeout_s: float) -> int:
-    """Run one collector until the coordinator's buffer holds `target` transitions."""
-    collector = start_worker(cluster, client, "collector", "env_steps")
-    deadline = time.monotonic() + timeout_s
+def fill(run: LocalRun, target: int, timeout_s: float) -> int:
+    """Run one collector until the coordinator's buffer holds `target` transitions (or
+    `timeout_s` has passed); what it holds then."""
+    collector = start_worker(run, "collector", "env_steps")
     try:
-        while time.monotonic() < deadline:
-            size = client.get(f"{API}/status")["buffer"]["size"]
-            if size >= target:
-                return size
-            time.sleep(0.5)
-        return client.get(f"{API}/status")["buffer"]["size"]
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: run.buffer_size() >= target, timeout_s, "full buffer", 0.5)
+        return run.buffer_size()
     finally:
-        cluster.stop([collector])
+        run.cluster.stop([collector])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,22 +372,6 @@ def main(argv: list[str] | None = None) -> int:
             storage = str(Path(storage).resolve() / name)
         return storage
 
-    def phase(cluster: LocalCluster, client: HttpClient, coordinator: Child, tag: str,
-              what: str, ceiling, role: str, counter: str) -> tuple[Window, list[Rate]]:
-        """The in-process ceiling's first half, the worker's window, the second half."""
-        log(f"({tag}) in-process {what}, first half...")
-        halves = [ceiling()]
-        log(f"({tag}) {role}: starting...")
-        worker = start_worker(cluster, client, role, counter)
-        time.sleep(args.warmup)
-        log(f"({tag}) {role}: measuring for {args.seconds:g} s...")
-        window = measure_counter(client, counter, args.seconds, CpuWindow(
-            {role: worker.proc.pid, "coordinator": coordinator.proc.pid}), worker)
-        cluster.stop([worker])
-        log(f"({tag}) in-process {what}, second half...")
-        halves.append(ceiling())
-        return window, halves
-
     learns: dict[str, Measured] = {}
     collect: Window | None = None
     base_cfg: RunConfig | None = None
@@ -428,38 +385,33 @@ def main(argv: list[str] | None = None) -> int:
         storage = storage_for(name)
         cfg = variant_config(variant, name, storage, args.epsilon)
         run_dir = work / variant
-        cluster = LocalCluster(write_config(cfg, run_dir / "config.yaml"), run_dir, storage)
-        client: HttpClient | None = None
+        cluster = LocalCluster(write_yaml(run_dir / "config.yaml", cfg), run_dir, storage)
         try:
-            coordinator = cluster.start_coordinator()
-            client = HttpClient(coordinator.url, timeout_s=10, retries=2)
-            if collect is None:
-                # (a) one collector beside Rollout in this process
-                collect, ceil_a = phase(
-                    cluster, client, coordinator, "a", "rollout",
-                    lambda cfg=cfg: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
-                    "collector", "env_steps")
-                buffered = client.get(f"{API}/status")["buffer"]["size"]
-                base_cfg = cfg
-            else:
-                target = buffered if args.fill_to is None else args.fill_to
-                log(f"(b {variant}) filling the coordinator's buffer to {target:,}...")
-                fill(cluster, client, target, timeout_s=120)
-            if variant in args.learners:
-                size = client.get(f"{API}/status")["buffer"]["size"]
-                log(f"(b {variant}) filling an in-memory buffer to the coordinator's "
-                    f"{size:,} transitions...")
-                replay = fill_memory_replay(cfg, size, args.seed)
-                window, halves = phase(
-                    cluster, client, coordinator, f"b {variant}", "update loop",
-                    lambda cfg=cfg, replay=replay: update_loop_per_s(cfg, replay, half,
-                                                                     args.seed),
-                    "learner", "train_iterations")
-                learns[variant] = Measured(window, halves, cfg)
+            with coordinator_up(cluster) as run:
+                if collect is None:
+                    # (a) one collector beside Rollout in this process
+                    collect, ceil_a = beside_ceiling(
+                        run, "(a)", "rollout",
+                        lambda cfg=cfg: rollout_steps_per_s(cfg, half, args.epsilon, args.seed),
+                        "collector", "env_steps", args.seconds, args.warmup)
+                    buffered = run.buffer_size()
+                    base_cfg = cfg
+                else:
+                    target = buffered if args.fill_to is None else args.fill_to
+                    log(f"(b {variant}) filling the coordinator's buffer to {target:,}...")
+                    fill(run, target, timeout_s=120)
+                if variant in args.learners:
+                    size = run.buffer_size()
+                    log(f"(b {variant}) filling an in-memory buffer to the coordinator's "
+                        f"{size:,} transitions...")
+                    replay = fill_memory_replay(cfg, size, args.seed)
+                    window, halves = beside_ceiling(
+                        run, f"(b {variant})", "update loop",
+                        lambda cfg=cfg, replay=replay: update_loop_per_s(cfg, replay, half,
+                                                                         args.seed),
+                        "learner", "train_iterations", args.seconds, args.warmup)
+                    learns[variant] = Measured(window, halves, cfg)
         finally:
-            if client is not None:
-                client.close()
-            cluster.shutdown()
             clear_storage(storage, name)
     shutil.rmtree(work, ignore_errors=True)  # kept, with the workers' logs, when a run fails
     assert collect is not None and base_cfg is not None
@@ -504,12 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         "batches_per_request": base_cfg.learner.batches_per_request,
         "buffer_transitions": buffered,
     }
-    print_tables(report_table(args.seconds, collect, ceil_a, learns),
-                 worker_table(collect, learns))
-    emit(result)
+    report(result, report_table(args.seconds, collect, ceil_a, learns),
+           worker_table(collect, learns))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

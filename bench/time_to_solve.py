@@ -8,7 +8,7 @@ process, stepping as many envs as the cluster's collectors together (`env.num_en
 collectors; see `single_config`). Their ratio is the cost of distribution on this machine,
 measured in the same run.
 
-    python bench/time_to_solve.py --algo dqn|ppo [--seeds 0 1 2] [--collectors 2]
+    python -m bench.time_to_solve --algo dqn|ppo [--seeds 0 1 2] [--collectors 2]
                                   [--storage DIR_OR_REDIS_URL] [--n-step N]
                                   [--stop-value R] [--short]
 
@@ -42,31 +42,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.table import Table
 
-from rich.table import Table  # noqa: E402
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     REPO_ROOT,
     clear_storage,
-    die_with_parent,
-    emit,
-    exit_on_signals,
     fmt,
     is_redis,
     log,
     median,
     parse_args,
-    print_tables,
     ratio,
+    report,
     rounded,
+    run_main,
+    run_up,
+    write_yaml,
 )
 
 CONFIGS = {"dqn": REPO_ROOT / "configs" / "cartpole-dqn.yaml",
@@ -156,24 +152,16 @@ def learning_diagnostics(run_dir: Path, config: Path) -> tuple[float | None, flo
 
 def run_cluster(config: Path, seed: int, collectors: int, run_dir: Path,
                 storage: str | None) -> ClusterResult:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "rlfleet", "up", "--config", str(config),
-           "--collectors", str(collectors), "--seed", str(seed), "--run-dir", str(run_dir),
-           "--quiet"]
+    options = ["--seed", str(seed)]
     if storage:
-        cmd += ["--storage", storage]
+        options += ["--storage", storage]
         if is_redis(storage):  # the run's namespace is its directory's name: start empty
             clear_storage(storage, run_dir.name[:64])
-    with open(run_dir / "up.log", "wb") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               preexec_fn=die_with_parent)
-    summary_path, evals_path = run_dir / "summary.json", run_dir / "evaluations.json"
-    if not summary_path.exists():
-        log(f"[red]seed {seed}: rlfleet up exited with {code} and no summary; see "
-            f"{run_dir / 'up.log'}[/]")
-        return ClusterResult(seed, False, f"exit {code}", None, None, None, None, None, None,
-                             0, run_dir)
-    summary = json.loads(summary_path.read_text())
+    up = run_up(run_dir, config, collectors, f"seed {seed}", *options)
+    if up.summary is None:
+        return ClusterResult(seed, False, up.outcome, None, None, None, None, None, None, 0,
+                             run_dir)
+    summary, evals_path = up.summary, run_dir / "evaluations.json"
     evaluations = json.loads(evals_path.read_text()) if evals_path.exists() else []
     if not evals_path.exists():
         log(f"[yellow]seed {seed}: no evaluations.json: time to {EASY_TARGET:.0f} unknown[/]")
@@ -340,7 +328,6 @@ def adjusted_config(config: Path, work: Path, stop_value: float | None = None,
     where given, written beside the run dirs. A run that solves within the config's interval
     (5,000 env steps) leaves no info record once training has begun, and the learner's lead
     is read from those."""
-    import yaml
 
     from rlfleet.shared.run.config import load_config
 
@@ -349,9 +336,7 @@ def adjusted_config(config: Path, work: Path, stop_value: float | None = None,
         data["eval"]["stop_value"] = stop_value
     if info_every is not None:
         data["logging"]["scopes"]["info"]["every_env_steps"] = info_every
-    out = work / f"{config.stem}-adjusted.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    return write_yaml(work / f"{config.stem}-adjusted.yaml", data)
 
 
 def n_step_config(config: Path, n_step: int, work: Path) -> Path:
@@ -360,9 +345,7 @@ def n_step_config(config: Path, n_step: int, work: Path) -> Path:
 
     data = yaml.safe_load(config.read_text())
     data.setdefault("algo", {})["n_step"] = n_step
-    out = work / f"{config.stem}-n{n_step}.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    return write_yaml(work / f"{config.stem}-n{n_step}.yaml", data)
 
 
 def run_seeds(config: Path, seeds: list[int], collectors: int, storage_arg: str | None,
@@ -480,20 +463,17 @@ def main(argv: list[str] | None = None) -> int:
         result = n_step_summary(args.n_step, variants)
         for n, (clusters, singles) in variants.items():
             result[f"n{n}"] = summarise(args.algo, args.collectors, clusters, singles)
-        print_tables(*(table(c, s, result[f"n{n}"], stop_value)
-                       for n, (c, s) in variants.items()), n_step_table(args.n_step, result))
-        emit(result)
+        report(result, *(table(c, s, result[f"n{n}"], stop_value)
+                         for n, (c, s) in variants.items()), n_step_table(args.n_step, result))
         return 0
 
     clusters, singles = run_seeds(config, args.seeds, args.collectors, args.storage, work,
                                   stamp, stop_value)
     result = summarise(args.algo, args.collectors, clusters, singles)
-    print_tables(table(clusters, singles, result, stop_value),
-                 learning_table(clusters, singles))
-    emit(result)
+    report(result, table(clusters, singles, result, stop_value),
+           learning_table(clusters, singles))
     return 0
 
 
 if __name__ == "__main__":
-    exit_on_signals()
-    sys.exit(main())
+    run_main(main)

@@ -3,7 +3,7 @@
 # phase is one `run` call, with its own time limit). From the repo root, with .gpu-wheels/
 # carried (deploy/gpu-wheels.sh):
 #
-#   bash deploy/gpu-check.sh tests     # install, the GPU, the CUDA tests, bench/gpu.py
+#   bash deploy/gpu-check.sh tests     # install, the GPU, the CUDA tests, bench.gpu
 #   bash deploy/gpu-check.sh pong      # rlfleet up: Pong PPO, a GPU learner, 14 collectors
 #   bash deploy/gpu-check.sh algos     # install, SAC's and R2D2's CUDA tests, their update rates
 #   bash deploy/gpu-check.sh async     # Pong APPO and Pong Ape-X side by side, 6 collectors
@@ -31,7 +31,7 @@ from rlfleet.shared.infra.resources import probe_resources
 print("resources:", probe_resources(torch_cuda).model_dump())'
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_device.py \
     tests/unit/test_data_parallel.py -k "not hung and not generation" 2>&1 | tail -15
-  timeout 240 python3 bench/gpu.py --seconds 10 --warmup 6 --cpu-seconds 3 \
+  timeout 240 python3 -m bench.gpu --seconds 10 --warmup 6 --cpu-seconds 3 \
     --transitions 20000 2>"$OUT/bench-gpu.err" | tee "$OUT/bench-gpu.out" | tail -14
   tail -5 "$OUT/bench-gpu.err"
 fi

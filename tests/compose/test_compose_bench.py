@@ -1,7 +1,8 @@
-"""`bench/compose.py --short` measures every figure it declares: the bench of the compose stack
-(time to solve through `docker compose` beside `rlfleet up`) runs here, where a Docker engine
-is, as every other bench runs in tests/integration/test_benches.py: the same checks on its
-last JSON line (no `error`, every figure present and not null), never on the figures' values.
+"""`python -m bench.compose --short` measures every figure it declares: the bench of the
+compose stack (time to solve through `docker compose` beside `rlfleet up`) runs here, where a
+Docker engine is, as every other bench runs in tests/integration/test_benches.py: the same
+checks on its last JSON line (no `error`, every figure present and not null), never on the
+figures' values.
 
 Its short run builds the image the ordinary way (a cache hit after test_compose.py's build),
 runs one seed with one collector to an evaluation return of 195 through the stack and then

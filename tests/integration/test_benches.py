@@ -2,18 +2,18 @@
 change elsewhere (an import moved, a process renamed, a status field dropped) fails here, not
 months later in front of whoever wants its figures.
 
-Each bench script in bench/ names the keys of its last JSON line in `FIGURES` and takes
+Each bench module in bench/ names the keys of its last JSON line in `FIGURES` and takes
 `--short` (`bench.common.parse_args`): the same code with small windows, seeds, repeats and
-sizes. A test runs `python bench/<name>.py --short` from the repository root, as a user
+sizes. A test runs `python -m bench.<name> --short` from the repository root, as a user
 would, and reads the very last line of its stdout: it must be JSON, hold no `error`, and hold
 every declared figure, none of them null (a per-role or per-count figure: none of its
 values). Figures are never compared with values: on a shared two-core machine they say
 nothing, and a bench never passes or fails on time. Whatever the bench started must have
 exited when it has.
 
-Three benches run elsewhere: `bench/compose.py` needs a Docker engine and runs in the compose
-suite (tests/compose/test_compose_bench.py), `bench/slurm.py` a Slurm cluster (tests/slurm);
-`bench/soak.py` runs for three minutes in
+Three benches run elsewhere: `bench.compose` needs a Docker engine and runs in the compose
+suite (tests/compose/test_compose_bench.py), `bench.slurm` a Slurm cluster (tests/slurm);
+`bench.soak` runs for three minutes in
 tests/integration/test_soak.py, which reads its JSON, so a short soak here would only repeat
 it.
 """
@@ -40,8 +40,8 @@ BENCH_DIR = REPO / "bench"
 NOT_BENCHES = {
     "__init__": "the package",
     "common": "what the benches share",
-    "compose_stack": "docker compose driven from Python, for bench/compose.py and tests/compose",
-    "slow_env": "the env bench/scaling.py steps",
+    "compose_stack": "docker compose driven from Python, for bench.compose and tests/compose",
+    "slow_env": "the env bench.scaling steps",
     "expert_cartpole": "it writes a dataset (SQIL's demonstrations) and measures nothing",
 }
 # Benches whose short run is not here, and where it is.
@@ -60,18 +60,18 @@ SHORT_TIMEOUT_S = 240.0
 
 
 def bench_names() -> list[str]:
-    """Every script in bench/ that is a bench: found, not listed, so a new one is run too."""
+    """Every module in bench/ that is a bench: found, not listed, so a new one is run too."""
     return sorted(path.stem for path in BENCH_DIR.glob("*.py") if path.stem not in NOT_BENCHES)
 
 
 def run_short(name: str, tmp_path: Path, env: dict[str, str] | None = None,
               timeout_s: float = SHORT_TIMEOUT_S) -> dict:
-    """`python bench/<name>.py --short` from the repository root; its last stdout line, once
+    """`python -m bench.<name> --short` from the repository root; its last stdout line, once
     the bench has exited 0 and every process it started has exited too. Its temporary files
     go under `tmp_path` (TMPDIR), where pytest clears them."""
     marker = uuid.uuid4().hex
     run_env = {**marked_env(marker), "TMPDIR": str(tmp_path), **(env or {})}
-    bench = subprocess.Popen([sys.executable, f"bench/{name}.py", "--short"], cwd=REPO,
+    bench = subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--short"], cwd=REPO,
                              env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
@@ -79,33 +79,33 @@ def run_short(name: str, tmp_path: Path, env: dict[str, str] | None = None,
     except subprocess.TimeoutExpired:
         bench.send_signal(signal.SIGTERM)  # a bench takes its clusters down on SIGTERM
         out, err = bench.communicate(timeout=120)
-        pytest.fail(f"bench/{name}.py --short ran past {timeout_s:g} s:\n{err[-3000:]}")
+        pytest.fail(f"bench.{name} --short ran past {timeout_s:g} s:\n{err[-3000:]}")
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
     (tmp_path / f"{name}.out").write_text(out)  # the tables, for a failure's reader
     (tmp_path / f"{name}.err").write_text(err)
-    assert bench.returncode == 0, f"bench/{name}.py exited {bench.returncode}:\n{err[-3000:]}"
-    wait_for(lambda: not marked_pids(marker), 30, f"every process of bench/{name}.py to exit")
+    assert bench.returncode == 0, f"bench.{name} exited {bench.returncode}:\n{err[-3000:]}"
+    wait_for(lambda: not marked_pids(marker), 30, f"every process of bench.{name} to exit")
     lines = out.strip().splitlines()
-    assert lines, f"bench/{name}.py printed nothing:\n{err[-3000:]}"
+    assert lines, f"bench.{name} printed nothing:\n{err[-3000:]}"
     try:
         result = json.loads(lines[-1])
     except json.JSONDecodeError:
-        pytest.fail(f"bench/{name}.py's last line is not JSON: {lines[-1][:500]!r}\n"
+        pytest.fail(f"bench.{name}'s last line is not JSON: {lines[-1][:500]!r}\n"
                     f"{err[-3000:]}")
     assert isinstance(result, dict), lines[-1][:500]
     return result
 
 
 def check_figures(name: str, result: dict) -> None:
-    """No error, and every figure bench/<name>.py declares is there and not null."""
-    assert "error" not in result, f"bench/{name}.py: {result['error']}"
+    """No error, and every figure bench.<name> declares is there and not null."""
+    assert "error" not in result, f"bench.{name}: {result['error']}"
     figures = declared_figures(BENCH_DIR / f"{name}.py")
-    assert figures, f"bench/{name}.py declares no FIGURES"
+    assert figures, f"bench.{name} declares no FIGURES"
     missing = missing_figures(result, figures)
-    assert not missing, f"bench/{name}.py left these figures out or null: {missing}\n{result}"
+    assert not missing, f"bench.{name} left these figures out or null: {missing}\n{result}"
 
 
 def test_every_bench_declares_its_figures():
@@ -121,15 +121,15 @@ def test_every_bench_declares_its_figures():
 def test_the_bench_measures_every_figure_in_short_mode(name, tmp_path):
     package, extra = NEEDS_PACKAGES.get(name, (None, None))
     if package is not None and importlib.util.find_spec(package) is None:
-        pytest.skip(f"bench/{name}.py needs the {extra} extra: pip install -e '.[{extra}]'")
+        pytest.skip(f"bench.{name} needs the {extra} extra: pip install -e '.[{extra}]'")
     if name in NEEDS_PROGRAMS and shutil.which(NEEDS_PROGRAMS[name]) is None:
-        pytest.skip(f"bench/{name}.py needs {NEEDS_PROGRAMS[name]} on PATH")
+        pytest.skip(f"bench.{name} needs {NEEDS_PROGRAMS[name]} on PATH")
     check_figures(name, run_short(name, tmp_path))
 
 
 def test_the_expert_dataset_script_still_writes_one(tmp_path):
-    """Not a bench, but a script in bench/ a config names: it still writes its dataset."""
-    done = subprocess.run([sys.executable, "bench/expert_cartpole.py", "--out",
+    """Not a bench, but a module in bench/ a config names: it still writes its dataset."""
+    done = subprocess.run([sys.executable, "-m", "bench.expert_cartpole", "--out",
                            str(tmp_path / "datasets"), "--episodes", "2"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""A three-minute soak: `bench/soak.py` runs a real cluster on Redis (2 collectors, an
+"""A three-minute soak: `bench.soak` runs a real cluster on Redis (2 collectors, an
 evaluation every 2,000 env steps, a stop value it cannot reach) and the test reads its JSON.
 
 It checks that things stay bounded, never how fast they go: the run stays up with no restart,
@@ -81,7 +81,7 @@ def soak(tmp_path_factory) -> dict:
                           buffers={"replay": {"capacity": 20_000}})
     marker = uuid.uuid4().hex
     bench = subprocess.Popen(
-        [sys.executable, "bench/soak.py", "--config", str(config), "--minutes", str(MINUTES),
+        [sys.executable, "-m", "bench.soak", "--config", str(config), "--minutes", str(MINUTES),
          "--interval-s", str(INTERVAL_S), "--collectors", str(COLLECTORS), "--storage",
          REDIS_URL, "--work-dir", str(work)],
         cwd=REPO, env=marked_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -91,7 +91,7 @@ def soak(tmp_path_factory) -> dict:
     except subprocess.TimeoutExpired:
         bench.send_signal(signal.SIGTERM)  # the bench takes its cluster down on SIGTERM
         out, err = bench.communicate(timeout=120)
-        pytest.fail(f"bench/soak.py did not finish in time:\n{err[-3000:]}")
+        pytest.fail(f"bench.soak did not finish in time:\n{err[-3000:]}")
     finally:
         if bench.poll() is None:
             bench.kill()

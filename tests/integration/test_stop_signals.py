@@ -25,7 +25,7 @@ def _roles_running(marker: str) -> set[str]:
 def test_a_bench_stopped_with_sigterm_takes_its_cluster_down(tmp_path):
     marker = uuid.uuid4().hex
     bench = subprocess.Popen(
-        [sys.executable, "bench/time_to_solve.py", "--seeds", "0", "--collectors", "1",
+        [sys.executable, "-m", "bench.time_to_solve", "--seeds", "0", "--collectors", "1",
          "--work-dir", str(tmp_path / "work")], cwd=REPO, env=marked_env(marker),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
