@@ -14,10 +14,10 @@ writes the periodic snapshots: a storage call can hang for its whole retry windo
 storage is unreachable, and the scheduler must go on reaping silent workers meanwhile.
 
 `Durability` keeps no run state of its own beyond this bookkeeping. It is handed the replay
-and the run's `CoordinatorState` (whose lock guards the replay and the counters, and whose
-`snapshot()`/`restore()` are the counters' part of a snapshot), and two callbacks that
-replay the journal: how to index journalled chunks, and how to replay a journalled event.
-So this module never imports the coordinator.
+and the run's `CoordinatorState` (whose lock guards the replay and the counters), the
+`SnapshotParts` (`snapshot.py`: what a snapshot holds beside the buffers, as a versioned
+model), and two callbacks that replay the journal: how to index journalled chunks, and how
+to replay a journalled event. So this module never imports the coordinator.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+from rlfleet.coordinator.snapshot import CoordinatorSnapshot, SnapshotParts
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
@@ -46,6 +48,17 @@ Accept = Callable[[list[ChunkMeta], str], tuple[list[ChunkMeta], list[str]]]
 ReplayEvent = Callable[[dict], list[str]]
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """Where a restore took the run up: the snapshot it read (None: journals alone), and
+    the chunks its journals added."""
+
+    generation: int
+    journalled_chunks: int
+    env_steps: int
+    snapshot: CoordinatorSnapshot | None
+
+
 def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
     return json.dumps({"worker_id": worker_id,
                        "chunks": [m.model_dump(mode="json") for m in metas]}).encode()
@@ -59,9 +72,10 @@ class Durability:
     ids of chunks it released. A restore calls both under `state.cond`."""
 
     def __init__(self, cfg: RunConfig, storage: Storage, storage_url: str,
-                 state: CoordinatorState, replay: Replay, *, accept: Accept,
-                 on_event: ReplayEvent | None = None) -> None:
+                 state: CoordinatorState, replay: Replay, snapshots: SnapshotParts, *,
+                 accept: Accept, on_event: ReplayEvent | None = None) -> None:
         self.cfg = cfg
+        self.snapshots = snapshots
         self.storage = storage
         self.storage_url = storage_url
         self.clock = state.clock
@@ -87,7 +101,6 @@ class Durability:
         self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
         self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
         self.orphans_deleted = 0
-        self.restored_from: dict | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -209,16 +222,16 @@ class Durability:
         with self._snapshot_lock:  # one writer at a time (janitor, shutdown)
             if self._closing.is_set() and not final:
                 return
-            commander = self.state.commander_state()  # user code: not under the lock
+            commander = self.snapshots.commander_state()  # user code: not under the lock
             with self._journal_lock, self._cond:
-                state, counters = self.replay.snapshot(), self.state.snapshot()
-                counters["commander"] = commander
+                buffers, saved = self.replay.snapshot(), self.snapshots.capture(commander)
                 self.replay.generation += 1  # later reports go to the next journal
                 generation = self.replay.generation
                 with self._pending_lock:
                     ready, self._pending_delete = self._pending_delete, []
             try:
-                self.replay.write_snapshot(self.storage, state, counters, generation)
+                self.replay.write_snapshot(self.storage, buffers, saved.model_dump(mode="json"),
+                                           generation)
             except BaseException:
                 with self._pending_lock:  # not safe to delete yet: keep them for the next
                     self._pending_delete = ready + self._pending_delete
@@ -235,17 +248,19 @@ class Durability:
             else:
                 self._delete_q.put(ready)
 
-    def restore(self) -> bool:
+    def restore(self) -> Resumed | None:
         """Continue from storage: the newest snapshot, then every journal from its
-        generation on, in order. False (and a fresh run) if there is neither."""
+        generation on, in order. None (and a fresh run) if there is neither. Raises
+        `SnapshotFormatError` for a snapshot this coordinator cannot read."""
         with self._cond:
             counters = self.replay.load(self.storage)
             generations = self.storage.journal_generations()
             if counters is None and not generations:
                 log.info("no snapshot in %s: starting a fresh run", self.storage_url)
-                return False
-            if counters is not None:
-                self.state.restore(counters)
+                return None
+            saved = CoordinatorSnapshot.read(counters) if counters is not None else None
+            if saved is not None:
+                self.snapshots.restore(saved)
             start = self.replay.generation
             replayed = 0
             for generation in generations:
@@ -263,12 +278,11 @@ class Durability:
                     self.release(dead)
             self.replay.generation = max([start, *generations])
         env_steps = self.state.env_steps
-        self.restored_from = {"generation": start, "journalled_chunks": replayed,
-                              "env_steps": env_steps}
         log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "
                  "journal), %d items in buffers", env_steps, start, replayed,
                  self.replay.size())
-        return True
+        return Resumed(generation=start, journalled_chunks=replayed, env_steps=env_steps,
+                       snapshot=saved)
 
     # -- the janitor ------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from rlfleet.coordinator.liveness import Liveness, probe
 from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker, WorkerIdTaken
 from rlfleet.coordinator.readout import Readout
 from rlfleet.coordinator.runlog import RunLog
+from rlfleet.coordinator.snapshot import SnapshotParts
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
 from rlfleet.shared.contract.commander import load_commander
@@ -115,6 +116,9 @@ class Coordinator:
         self.storage = open_storage(storage_url, cfg.name)  # the password, if any, stays here
         self.clock = clock
         started_at = clock()
+        # The counters, and the lock that guards them and the replay and orders sampling
+        # against inserts; first, so the parts that stop the run get its `stop`.
+        self.state = CoordinatorState(clock, started_at=started_at)
         self.members = Membership(cfg.coordinator.heartbeat_timeout_s, clock)
         self.admission = WorkerNetworks(cfg.coordinator.worker_networks)
         self.tasks = TaskTable(cfg.collector)  # Ape-X slots on collect tasks, if asked
@@ -124,9 +128,8 @@ class Coordinator:
                              self.batch_log if self.batch_log.active else None)
         self.group = LearnerGroup(cfg, clock)
         self.dispatcher = TaskDispatcher(cfg, self.members, self.tasks, token)
-        # The run's commander (`coordinator.commander`): env settings of tasks; its state
-        # stop is bound late, once the state exists.
-        self.env_settings = EnvSettings(load_commander(cfg), lambda why: self.stop(why))
+        # The run's commander (`coordinator.commander`): env settings of tasks.
+        self.env_settings = EnvSettings(load_commander(cfg), self.state.stop)
         self.runlog = RunLog(cfg, self.run_dir, open_logger=False)  # opened by `_restore`
         self.health = RunHealth(cfg.learner.data_shortage_warn_s)  # alerts in /status
         max_mb = cfg.logging.episodes_max_mb
@@ -142,12 +145,10 @@ class Coordinator:
             solves=self.matchmaker.solved if self.matchmaker else None,
             show_video=self.runlog.on_video,
             env_kwargs=self.env_settings.evaluate_kwargs, score=self.env_settings.score)
-        # The counters, and the lock that guards them and the replay and orders sampling
-        # against inserts.
-        self.state = CoordinatorState(clock, self.replay, self.tasks, self.eval_schedule,
-                                      self.matchmaker, started_at=started_at)
+        snapshots = SnapshotParts(self.state, self.replay, self.tasks, self.eval_schedule,
+                                  self.matchmaker, self.env_settings)
         self.durability = Durability(cfg, self.storage, self.storage_url, self.state,
-                                     self.replay, accept=self._accept,
+                                     self.replay, snapshots, accept=self._accept,
                                      on_event=self._replay_event)
         self.readout = Readout(cfg, self.storage_url, self.state, replay=self.replay,
                                members=self.members, tasks=self.tasks, group=self.group,
@@ -164,13 +165,12 @@ class Coordinator:
         """Continue the run from storage (`resume`: its newest snapshot and the journals
         after it), or start it fresh, discarding whatever an older run journalled; then
         open the run log where the run continues."""
-        self.state.commander_state = self.env_settings.state
-        resumed = self.durability.restore() if resume else False
-        if not resumed:
+        resumed = self.durability.restore() if resume else None
+        if resumed is None:
             self.durability.discard_journals()
-        else:  # the curriculum goes on at the level the snapshot had reached
-            self.env_settings.load_state(self.state.restored_commander)
-        self.runlog.open(self.state.env_steps if resumed else None)
+        elif resumed.snapshot is not None:  # the curriculum goes on at the level it reached
+            self.env_settings.load_state(resumed.snapshot.commander)
+        self.runlog.open(self.state.env_steps if resumed is not None else None)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ reports its progress and priorities, an evaluation runs and steps the curriculum
 up a level, and an operator asks for three collectors. A periodic snapshot is written, then
 one more chunk goes only into the journal, and storage is copied as it stands (a coordinator
 killed then), before the coordinator closes. `tests/unit/test_snapshot_format.py` restores
-it with the code of today."""
+it with the code of today. The script was run at the commit before snapshots had a version,
+against that commit's `Coordinator`; it stays as the record of how the fixture was made."""
 
 from __future__ import annotations
 
