@@ -38,6 +38,7 @@ from rlfleet.coordinator.liveness import Liveness, probe
 from rlfleet.coordinator.membership import Membership, UnknownWorker, Worker, WorkerIdTaken
 from rlfleet.coordinator.readout import Readout
 from rlfleet.coordinator.runlog import RunLog
+from rlfleet.coordinator.sampling import SampleGrant
 from rlfleet.coordinator.snapshot import SnapshotParts
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable, UnknownTask
@@ -72,7 +73,7 @@ from rlfleet.shared.infra.auth import load_token
 from rlfleet.shared.infra.storage import open_storage
 from rlfleet.shared.infra.storage.credentials import redact
 from rlfleet.shared.league.matchmaking import Matchmaker
-from rlfleet.shared.replay.replay import PartRefs, Replay, UnknownBuffer
+from rlfleet.shared.replay.replay import Replay, UnknownBuffer
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.rotating import MB
 
@@ -481,38 +482,37 @@ class Coordinator:
                 self.state.cond.wait(left)
         return CollectPermitResponse(granted=not self.stopped, stop=self.stopped)
 
-    def sample(self, req: SampleRequest
-               ) -> tuple[list[str], list[PartRefs], int, int, int | None]:
-        """(chunk ids, parts, batches granted, env steps, first sequence number: group
-        shards only). Raises `RateLimited` when nothing could be granted within `wait_s`."""
+    def sample(self, req: SampleRequest) -> SampleGrant:
+        """Batches for a learner, or its rank's shard of the group's (`group_generation`).
+        Raises `RateLimited` when nothing could be granted within `wait_s`."""
         self.members.touch(req.worker_id)
         if req.group_generation is not None:
             return self._sample_group(req)
         plan = self.replay.plan(req)
         deadline = self.clock() + req.wait_s
         state = self.state
+        dead: list[str] = []
         with state.cond:
             while True:
-                grant = self.replay.grantable(plan, req.num_batches)
-                if grant > 0 or state.stopped or self._closing.is_set():
+                count = self.replay.grantable(plan, req.num_batches)
+                if count > 0 or state.stopped or self._closing.is_set():
                     break
                 left = deadline - self.clock()
                 if left <= 0:
                     raise RateLimited(0.05)
                 state.cond.wait(left)
-            if grant <= 0:
-                return [], [], 0, state.env_steps, None
-            chunk_ids, parts, dead = self.replay.sample(plan, grant, state.train_iterations,
+            if count <= 0:
+                return SampleGrant.now(state, None, [], [], 0)
+            chunk_ids, parts, dead = self.replay.sample(plan, count, state.train_iterations,
                                                         state.policy_version, req.worker_id)
-            state.granted_batches += grant
+            state.granted_batches += count
             state.cond.notify_all()  # collectors waiting for the learner may go on
-            env_steps = state.env_steps
+            grant = SampleGrant.now(state, None, chunk_ids, parts, count)
         if dead:
             self.durability.release(dead)
-        return chunk_ids, parts, grant, env_steps, None
+        return grant
 
-    def _sample_group(self, req: SampleRequest
-                      ) -> tuple[list[str], list[PartRefs], int, int, int | None]:
+    def _sample_group(self, req: SampleRequest) -> SampleGrant:
         """This rank's shard of the group batches (or rollout) starting at `group_cursor`:
         sampled once for the whole group, at the global batch size, by whichever rank asks
         first; the others get their shards of the same batches."""
@@ -538,28 +538,32 @@ class Coordinator:
                         break
                 elif not self.group.backlog_full():
                     self.group.check_plan(plan)
-                    grant = self.replay.grantable(plan, req.num_batches)
-                    if grant > 0:
+                    count = self.replay.grantable(plan, req.num_batches)
+                    if count > 0:
                         ids, parts, released = self.replay.sample(
-                            plan, grant, state.train_iterations, state.policy_version)
+                            plan, count, state.train_iterations, state.policy_version)
                         dead += released
-                        entry = self.group.add_batches(ids, parts, grant)
-                        state.granted_batches += grant
+                        entry = self.group.add_batches(ids, parts, count)
+                        state.granted_batches += count
                         state.cond.notify_all()
                         break
                 left = deadline - self.clock()
                 if left <= 0:
                     break
                 state.cond.wait(left)
-            env_steps = state.env_steps
+            if entry is not None:
+                chunk_ids, parts = entry.shards[rank]
+                grant = SampleGrant.now(state, self.group, chunk_ids, parts, entry.count,
+                                        entry.first_seq)
+            elif state.stopped or self._closing.is_set():
+                grant = SampleGrant.now(state, self.group, [], [], 0, req.group_cursor)
+            else:
+                grant = None
         if dead:
             self.durability.release(dead)
-        if entry is None:
-            if self.stopped or self._closing.is_set():
-                return [], [], 0, env_steps, req.group_cursor
+        if grant is None:
             raise RateLimited(0.05)
-        chunk_ids, parts = entry.shards[rank]
-        return chunk_ids, parts, entry.count, env_steps, entry.first_seq
+        return grant
 
     def learn_info(self, req: LearnInfo) -> LearnInfoResponse:
         self.members.touch(req.worker_id)
