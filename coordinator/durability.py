@@ -7,17 +7,16 @@ deleted only after a later snapshot is written, so neither a snapshot nor a jour
 refers to a deleted chunk.
 
 The *janitor* thread deletes released chunks from storage in batches, off the request path,
-and garbage-collects chunks that were written but never announced (a collector died between
-writing and reporting them, or a coordinator died between releasing and deleting them). A
-chunk deleted that way is refused if its report turns up late: its bytes are gone. It also
-writes the periodic snapshots: a storage call can hang for its whole retry window while
-storage is unreachable, and the scheduler must go on reaping silent workers meanwhile.
+and hands chunks that were written but never announced to the `OrphanCollector`
+(`garbage.py`). It also writes the periodic snapshots: a storage call can hang for its whole
+retry window while storage is unreachable, and the scheduler must go on reaping silent
+workers meanwhile.
 
 `Durability` keeps no run state of its own beyond this bookkeeping. It is handed the replay
-and the run's `CoordinatorState` (whose lock guards the replay and the counters, and whose
-`snapshot()`/`restore()` are the counters' part of a snapshot), and two callbacks that
-replay the journal: how to index journalled chunks, and how to replay a journalled event.
-So this module never imports the coordinator.
+and the run's `CoordinatorState` (whose lock guards the replay and the counters), the
+`SnapshotParts` (`snapshot.py`: what a snapshot holds beside the buffers, as a versioned
+model) and the `Intake` (`intake.py`), which a restore replays the journal into as the
+request handlers make the same changes live. So this module never imports the coordinator.
 """
 
 from __future__ import annotations
@@ -26,10 +25,13 @@ import json
 import logging
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+from rlfleet.coordinator.garbage import OrphanCollector
+from rlfleet.coordinator.intake import Intake
+from rlfleet.coordinator.snapshot import CoordinatorSnapshot, SnapshotParts
 from rlfleet.coordinator.state import CoordinatorState
 from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.infra.storage import Storage, StorageError
@@ -42,8 +44,15 @@ _GC = "gc"  # the janitor's cue to look for chunks nobody announced
 _SNAPSHOT = "snapshot"  # the janitor's cue to save a snapshot
 _FOREVER = 1 << 62
 
-Accept = Callable[[list[ChunkMeta], str], tuple[list[ChunkMeta], list[str]]]
-ReplayEvent = Callable[[dict], list[str]]
+@dataclass(frozen=True)
+class Resumed:
+    """Where a restore took the run up: the snapshot it read (None: journals alone), and
+    the chunks its journals added."""
+
+    generation: int
+    journalled_chunks: int
+    env_steps: int
+    snapshot: CoordinatorSnapshot | None
 
 
 def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
@@ -52,24 +61,21 @@ def _journal_record(worker_id: str, metas: list[ChunkMeta]) -> bytes:
 
 
 class Durability:
-    """The coordinator's journal, snapshots and janitor.
-
-    `accept(metas, worker_id)` indexes journalled chunks and counts them, returning (fresh,
-    dead ids); `on_event(event)` replays a journalled event (`journal_event`), returning the
-    ids of chunks it released. A restore calls both under `state.cond`."""
+    """The coordinator's journal, snapshots and janitor."""
 
     def __init__(self, cfg: RunConfig, storage: Storage, storage_url: str,
-                 state: CoordinatorState, replay: Replay, *, accept: Accept,
-                 on_event: ReplayEvent | None = None) -> None:
+                 state: CoordinatorState, replay: Replay, *, snapshots: SnapshotParts,
+                 intake: Intake, garbage: OrphanCollector) -> None:
         self.cfg = cfg
         self.storage = storage
         self.storage_url = storage_url
         self.clock = state.clock
         self.replay = replay
         self.state = state
+        self.snapshots = snapshots
+        self.intake = intake
+        self.garbage = garbage
         self._cond = state.cond
-        self._accept = accept
-        self._on_event = on_event
         self._delete_q: queue.Queue[list[str] | str | None] = queue.Queue()
         self._janitor = threading.Thread(target=self._janitor_loop, name="janitor", daemon=True)
         self._started = False
@@ -84,10 +90,6 @@ class Durability:
         # snapshot never misses a chunk that went into an older journal.
         self._journal_lock = threading.Lock()
         self._last_gc = self.clock()
-        self._unannounced: dict[str, float] = {}  # chunk id -> when GC first saw it orphaned
-        self._gc_deleted: OrderedDict[str, None] = OrderedDict()  # refused if reported late
-        self.orphans_deleted = 0
-        self.restored_from: dict | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -140,11 +142,6 @@ class Durability:
             self._last_gc = now
             self._delete_q.put(_GC)
 
-    @property
-    def unannounced(self) -> int:
-        """Chunks in storage that GC saw no buffer hold, still within their grace."""
-        return len(self._unannounced)
-
     # -- the journal ------------------------------------------------------------------------
 
     @contextmanager
@@ -155,7 +152,8 @@ class Durability:
         leaves the body unrun and nothing changed."""
         with self._journal_lock:
             with self._cond:
-                fresh = self._unseen(metas)
+                # not held, not released lately, and not deleted as never announced
+                fresh = self.garbage.refuse_deleted(self.replay.unseen(metas))
                 generation = self.replay.generation
             if fresh:
                 self.storage.append_journal(generation, [_journal_record(worker_id, fresh)])
@@ -172,17 +170,6 @@ class Durability:
             self.storage.append_journal(generation, [json.dumps({"event": event}).encode()])
             with self._cond:
                 change()
-
-    def _unseen(self, metas: list[ChunkMeta]) -> list[ChunkMeta]:
-        """New chunks of a report (under `cond`): not held, not released lately, and not
-        deleted as orphans (their bytes are gone: never acknowledge them)."""
-        fresh = self.replay.unseen(metas)
-        late = [m.chunk_id for m in fresh if m.chunk_id in self._gc_deleted]
-        if late:
-            log.warning("refusing %d chunks reported after they were deleted as never "
-                        "announced: %s", len(late), late[:3])
-            fresh = [m for m in fresh if m.chunk_id not in self._gc_deleted]
-        return fresh
 
     def discard_journals(self) -> None:
         """A fresh run: nothing an older run journalled may be replayed into it."""
@@ -209,16 +196,16 @@ class Durability:
         with self._snapshot_lock:  # one writer at a time (janitor, shutdown)
             if self._closing.is_set() and not final:
                 return
-            commander = self.state.commander_state()  # user code: not under the lock
+            commander = self.snapshots.commander_state()  # user code: not under the lock
             with self._journal_lock, self._cond:
-                state, counters = self.replay.snapshot(), self.state.snapshot()
-                counters["commander"] = commander
+                buffers, saved = self.replay.snapshot(), self.snapshots.capture(commander)
                 self.replay.generation += 1  # later reports go to the next journal
                 generation = self.replay.generation
                 with self._pending_lock:
                     ready, self._pending_delete = self._pending_delete, []
             try:
-                self.replay.write_snapshot(self.storage, state, counters, generation)
+                self.replay.write_snapshot(self.storage, buffers, saved.model_dump(mode="json"),
+                                           generation)
             except BaseException:
                 with self._pending_lock:  # not safe to delete yet: keep them for the next
                     self._pending_delete = ready + self._pending_delete
@@ -235,17 +222,19 @@ class Durability:
             else:
                 self._delete_q.put(ready)
 
-    def restore(self) -> bool:
+    def restore(self) -> Resumed | None:
         """Continue from storage: the newest snapshot, then every journal from its
-        generation on, in order. False (and a fresh run) if there is neither."""
+        generation on, in order. None (and a fresh run) if there is neither. Raises
+        `SnapshotFormatError` for a snapshot this coordinator cannot read."""
         with self._cond:
             counters = self.replay.load(self.storage)
             generations = self.storage.journal_generations()
             if counters is None and not generations:
                 log.info("no snapshot in %s: starting a fresh run", self.storage_url)
-                return False
-            if counters is not None:
-                self.state.restore(counters)
+                return None
+            saved = CoordinatorSnapshot.read(counters) if counters is not None else None
+            if saved is not None:
+                self.snapshots.restore(saved)
             start = self.replay.generation
             replayed = 0
             for generation in generations:
@@ -254,21 +243,19 @@ class Durability:
                 for raw in self.storage.read_journal(generation):
                     record = json.loads(raw)
                     if "event" in record:
-                        if self._on_event is not None:
-                            self.release(self._on_event(record["event"]))
+                        self.release(self.intake.replay_event(record["event"]))
                         continue
                     metas = [ChunkMeta.model_validate(m) for m in record["chunks"]]
-                    fresh, dead = self._accept(metas, record["worker_id"])  # dedups
+                    fresh, dead = self.intake.accept(metas, record["worker_id"])  # dedups
                     replayed += len(fresh)
                     self.release(dead)
             self.replay.generation = max([start, *generations])
         env_steps = self.state.env_steps
-        self.restored_from = {"generation": start, "journalled_chunks": replayed,
-                              "env_steps": env_steps}
         log.info("restored run at %d env steps (snapshot generation %d, %d chunks from the "
                  "journal), %d items in buffers", env_steps, start, replayed,
                  self.replay.size())
-        return True
+        return Resumed(generation=start, journalled_chunks=replayed, env_steps=env_steps,
+                       snapshot=saved)
 
     # -- the janitor ------------------------------------------------------------------------
 
@@ -318,31 +305,9 @@ class Durability:
 
     def collect_garbage(self) -> list[str]:
         """Delete chunks in storage that no buffer holds, that are not waiting for a
-        snapshot before deletion, and that nobody announced for `orphan_grace_s`: written
-        by a collector that died before announcing them, or released by a coordinator that
-        died before deleting them. Returns the ids deleted."""
+        snapshot before deletion, and that nobody announced for `orphan_grace_s`
+        (`OrphanCollector`). Returns the ids deleted."""
         stored = self.storage.list_chunks()
-        now = self.clock()
         with self._cond, self._pending_lock:
-            pending = set(self._pending_delete)
-            orphans = {c for c in stored if c not in self.replay.registry and c not in pending}
-        for chunk_id in [c for c in self._unannounced if c not in orphans]:
-            del self._unannounced[chunk_id]
-        for chunk_id in orphans:
-            self._unannounced.setdefault(chunk_id, now)
-        grace = self.cfg.coordinator.orphan_grace_s
-        expired = [c for c, seen in self._unannounced.items() if now - seen >= grace]
-        if not expired:
-            return []
-        with self._cond:  # reported since the listing? then it is not an orphan
-            expired = [c for c in expired if c not in self.replay.registry]
-            for chunk_id in expired:  # a report arriving after this is refused
-                self._gc_deleted[chunk_id] = None
-            while len(self._gc_deleted) > 100_000:
-                self._gc_deleted.popitem(last=False)
-        self.storage.delete_chunks(expired)
-        for chunk_id in expired:
-            self._unannounced.pop(chunk_id, None)
-        self.orphans_deleted += len(expired)
-        log.warning("deleted %d chunks nobody announced within %.0fs", len(expired), grace)
-        return expired
+            orphans = self.garbage.orphans(stored, set(self._pending_delete))
+        return self.garbage.collect(orphans)

@@ -11,7 +11,7 @@ the next.
 The best-evaluated policy is the run's result: its weights are copied to `best_policy` in
 storage (and the run directory) as soon as its report arrives, because the published
 version it ran with is pruned long before an evaluation ends. The schedule's state goes into
-the coordinator's snapshot (`counters()`, `restore()`); an evaluation in flight when the
+the coordinator's snapshot (`SavedEvaluations`); an evaluation in flight when the
 coordinator stopped is run again, since its report would find no one waiting.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskRecord, TaskTable
@@ -76,6 +77,48 @@ def battle_rates(outcomes: list[BattleOutcome]) -> dict[str, dict[str, float]]:
         out[key] = {"win": win / max(1, games), "draw": draw / max(1, games),
                     "loss": loss / max(1, games), "games": float(games)}
     return out
+
+
+class SavedEvaluations(BaseModel):
+    """The evaluation schedule's part of a coordinator snapshot. Fields added since the
+    first format have defaults, and what an older snapshot lacks is made up from what it
+    holds (`_earlier_formats`), so every snapshot still reads."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    next_eval_at: int | None = None  # None: where a fresh schedule starts
+    next_eval_iteration: int = 0
+    best_policy_version: int | None = None
+    # the newest `EVALUATION_WINDOW` evaluations; the whole history is in metrics.jsonl
+    evaluations: list[EvaluationResult] = Field(default_factory=list)
+    evaluations_total: int = 0  # reported in the whole run: the last one's `seq`
+    best_evaluation: EvaluationResult | None = None
+    best_score: float | None = None  # how `best_evaluation` ranked (commander's `score`)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_formats(cls, saved: Any) -> Any:
+        """An older snapshot counted no total (its window was all there was) and kept no
+        score (the mean return was its ranking)."""
+        if not isinstance(saved, dict):
+            return saved
+        saved = dict(saved)
+        if saved.get("evaluations_total") is None:
+            saved["evaluations_total"] = len(saved.get("evaluations") or [])
+        best = saved.get("best_evaluation")
+        if "best_score" not in saved and isinstance(best, dict):
+            saved["best_score"] = best.get("return_mean")
+        return saved
+
+    @model_validator(mode="after")
+    def _numbered(self) -> SavedEvaluations:
+        """An earlier version's evaluations have no sequence numbers: they end at the
+        total."""
+        if any(e.seq == 0 for e in self.evaluations):
+            first = self.evaluations_total - len(self.evaluations) + 1
+            self.evaluations = [e.model_copy(update={"seq": first + i})
+                                for i, e in enumerate(self.evaluations)]
+        return self
 
 
 class EvaluationSchedule:
@@ -290,36 +333,26 @@ class EvaluationSchedule:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def counters(self) -> dict:
-        """The schedule's part of the coordinator's snapshot (its keys are the snapshot
-        format: a snapshot must restore across versions)."""
-        return {"next_eval_at": self.next_eval_at,
-                "next_eval_iteration": self.next_eval_iteration,
-                "best_policy_version": self.best_policy_version,
-                # a copy first (one C call): reports append from request threads while
-                # the snapshot thread is here
-                "evaluations": [e.model_dump() for e in list(self.evaluations)],
-                "evaluations_total": self.total,
-                "best_evaluation": (self.best_evaluation.model_dump()
-                                    if self.best_evaluation else None),
-                "best_score": self.best_score}
+    def snapshot(self) -> SavedEvaluations:
+        """The schedule's part of the coordinator's snapshot."""
+        return SavedEvaluations(
+            next_eval_at=self.next_eval_at, next_eval_iteration=self.next_eval_iteration,
+            best_policy_version=self.best_policy_version,
+            # a copy first (one C call): reports append from request threads while the
+            # snapshot thread is here
+            evaluations=list(self.evaluations), evaluations_total=self.total,
+            best_evaluation=self.best_evaluation, best_score=self.best_score)
 
-    def restore(self, counters: dict) -> None:
-        """The inverse of `counters()`; keys added later have defaults, so older snapshots
-        still restore."""
-        self.next_eval_at = int(counters["next_eval_at"])
-        self.next_eval_iteration = int(counters.get("next_eval_iteration", 0))
-        self.best_policy_version = counters.get("best_policy_version")
-        kept = [EvaluationResult.model_validate(e) for e in counters.get("evaluations", [])]
-        self.total = int(counters.get("evaluations_total", len(kept)))
-        if any(e.seq == 0 for e in kept):  # an earlier version's snapshot: no numbers
-            first = self.total - len(kept) + 1
-            kept = [e.model_copy(update={"seq": first + i}) for i, e in enumerate(kept)]
-        self.evaluations.extend(kept)
-        if counters.get("best_evaluation"):
-            self.best_evaluation = EvaluationResult.model_validate(counters["best_evaluation"])
-            # an older snapshot kept no score: the mean return was its ranking
-            self.best_score = counters.get("best_score", self.best_evaluation.return_mean)
+    def restore(self, saved: SavedEvaluations) -> None:
+        """The inverse of `snapshot()`."""
+        if saved.next_eval_at is not None:
+            self.next_eval_at = saved.next_eval_at
+        self.next_eval_iteration = saved.next_eval_iteration
+        self.best_policy_version = saved.best_policy_version
+        self.total = saved.evaluations_total
+        self.evaluations.extend(saved.evaluations)
+        if saved.best_evaluation is not None:
+            self.best_evaluation, self.best_score = saved.best_evaluation, saved.best_score
 
     def rerun(self, rec: TaskRecord, env_steps: int, train_iterations: int) -> None:
         """An evaluation restored from a snapshot: its report would find no one, so it

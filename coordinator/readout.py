@@ -2,12 +2,13 @@
 scrapes, the flat scalars the scheduler logs each tick, and the recent rates of env steps
 and train iterations.
 
-Read-only over the parts it is given, so the request handlers in `service.py` stay about
-changing state; a figure added for people to see goes here. The `/status` document is
-`wire.status.Status`, its one definition. The parts' own records in it (a worker's, a task's,
-the ledger, the learner group's, the league's) are checked against its sub-models with
-unknown fields forbidden: a figure a part adds must be added to the schema too, where
-clients and the OpenAPI document see it, or `/status` fails (and every test that reads it).
+Read-only over the parts it is given, so the parts that answer requests (`workers.py`,
+`dataplane.py`, `control.py`) stay about changing state; a figure added for people to see
+goes here. The `/status` document is `wire.status.Status`, its one definition. The parts' own
+records in it (a worker's, a task's, the ledger, the learner group's, the league's) are
+checked against its sub-models with unknown fields forbidden: a figure a part adds must be
+added to the schema too, where clients and the OpenAPI document see it, or `/status` fails
+(and every test that reads it).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
-from rlfleet.coordinator.durability import Durability
 from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.garbage import OrphanCollector
 from rlfleet.coordinator.health import RunHealth
 from rlfleet.coordinator.learner_group import LearnerGroup
 from rlfleet.coordinator.membership import Membership
@@ -89,7 +90,7 @@ class Readout:
     def __init__(self, cfg: RunConfig, storage_url: str, state: CoordinatorState, *,
                  replay: Replay, members: Membership, tasks: TaskTable, group: LearnerGroup,
                  evaluations: EvaluationSchedule, matchmaker: Matchmaker | None,
-                 durability: Durability, health: RunHealth | None = None) -> None:
+                 garbage: OrphanCollector, health: RunHealth | None = None) -> None:
         self.cfg = cfg
         self.health = health
         self.storage_url = storage_url  # without its password
@@ -100,7 +101,7 @@ class Readout:
         self.group = group
         self.evaluations = evaluations
         self.matchmaker = matchmaker
-        self.durability = durability
+        self.garbage = garbage  # chunks nobody announced: the ledger's orphans
         self.slurm = slurm_placement()  # where Slurm runs this coordinator, if it does
         self._rates: deque[tuple[float, int, int]] = deque(maxlen=64)
 
@@ -153,7 +154,7 @@ class Readout:
         for key in ("acknowledged", "in_buffers", "evicted", "consumed"):
             out[f"ledger/{key}"] = float(ledger[key])
         out.update({f"ledger/dropped/{k}": float(v) for k, v in ledger["dropped"].items()})
-        out["ledger/orphans_deleted"] = float(self.durability.orphans_deleted)
+        out["ledger/orphans_deleted"] = float(self.garbage.orphans_deleted)
         for role in (Role.COLLECTOR, Role.LEARNER):
             out[f"cluster/{role.value}s_alive"] = float(len(self.members.alive(role)))
         active = [r for r in self.tasks.all() if r.active]
@@ -190,7 +191,7 @@ class Readout:
         return Scrape(workers_alive=alive, resources=resources, buffer_sizes=sizes,
                       buffer_chunks=chunks, env_steps=env_steps, train_iterations=iterations,
                       policy_version=version, chunks_accepted=accepted, episodes=episodes,
-                      released=released, orphans_deleted=self.durability.orphans_deleted,
+                      released=released, orphans_deleted=self.garbage.orphans_deleted,
                       latest_evaluation=latest, learner_group=group, solved=solved,
                       stopped=stopped)
 
@@ -227,8 +228,8 @@ class Readout:
             buffers = self.replay.stats()
             ledger = self.replay.ledger(s.chunks_accepted)
             group = self.group.status(s.started_at)
-        ledger.update(orphans_deleted=self.durability.orphans_deleted,
-                      unannounced=self.durability.unannounced,
+        ledger.update(orphans_deleted=self.garbage.orphans_deleted,
+                      unannounced=self.garbage.unannounced,
                       journal_generation=self.replay.generation)
         first_chunk_s = s.first_chunk_s()
         return Status(

@@ -283,23 +283,20 @@ def sample():
     sample+safetensors` the answer is the same fields with the index arrays in one
     safetensors body (`shared/contract/sample_wire.py`): what the learner's data process asks
     for."""
-    c = coord()
-    req = parse_body(SampleRequest)
-    chunk_ids, parts, granted, env_steps, first_seq = c.sample(req)
-    fields = dict(chunk_ids=chunk_ids, num_batches=granted, env_steps=env_steps,
-                  train_iterations=c.state.train_iterations,
-                  policy_version=c.state.policy_version, stop=c.stopped,
-                  group_generation=c.group.generation if req.group_generation is not None
-                  else None, first_seq=first_seq)
+    grant = coord().sample(parse_body(SampleRequest))
+    fields = dict(chunk_ids=grant.chunk_ids, num_batches=grant.num_batches,
+                  env_steps=grant.env_steps, train_iterations=grant.train_iterations,
+                  policy_version=grant.policy_version, stop=grant.stop,
+                  group_generation=grant.group_generation, first_seq=grant.first_seq)
     if request.accept_mimetypes.best == SAMPLE_MEDIA_TYPE:
-        return current_app.response_class(encode_sample(fields, parts),
+        return current_app.response_class(encode_sample(fields, grant.parts),
                                            mimetype=SAMPLE_MEDIA_TYPE)
     return _json(SampleResponse(**fields, parts=[SamplePart(
         buffer=p.buffer, key=p.key, chunk_index=p.chunk_index.tolist(),
         rows=p.rows.tolist(), item_ids=p.item_ids.tolist(),
         weights=None if p.weights is None else p.weights.tolist(),
         sequence_length=p.sequence_length,
-        lengths=None if p.lengths is None else p.lengths.tolist()) for p in parts]))
+        lengths=None if p.lengths is None else p.lengths.tolist()) for p in grant.parts]))
 
 
 @bp.get(f"{API}/buffers")

@@ -1,16 +1,16 @@
-"""The run's state as the coordinator keeps it: its counters and flags, the lock that guards
-them, and the snapshot format.
+"""The run's state as the coordinator keeps it: its counters and flags, and the lock that
+guards them.
 
 `CoordinatorState.cond` is the coordinator's one lock over the run: it guards the counters
 here, the replay's buffers (which are not thread-safe on their own) and the learner group,
 and it orders sampling against inserts: a sampler waits on it until a chunk report, a
-learner's progress or a stop notifies it. Whatever reads or changes any of those is handed
-this object explicitly (the coordinator's request handlers, `Durability`, `Readout` and,
-through the readout, the Prometheus collector), so no module borrows another's lock.
+learner's progress, a stop or the coordinator's close notifies it. Whatever reads or changes
+any of those is handed this object explicitly (the coordinator's parts, `Durability`,
+`Readout` and, through the readout, the Prometheus collector), so no module borrows another's
+lock. It is built first, before any part, so a part that must stop the run (the commander's
+`EnvSettings`) is handed `stop` itself.
 
-`snapshot()` is what a coordinator snapshot saves beside the buffers' indexes, and
-`restore()` puts it back. Their keys are the snapshot format: a snapshot written by an older
-version must still restore, so keys added since have defaults.
+`SavedCounters` is this object's part of a coordinator snapshot (`snapshot.py`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
-from rlfleet.coordinator.evaluation import EvaluationSchedule
-from rlfleet.coordinator.tasks import TaskTable
-from rlfleet.shared.contract.wire.base import TaskKind
+from pydantic import BaseModel, ConfigDict
+
 from rlfleet.shared.contract.wire.experience import ChunkMeta
-from rlfleet.shared.league.matchmaking import Matchmaker
-from rlfleet.shared.replay.replay import Replay
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -35,34 +32,42 @@ RECENT_EPISODES = 100  # finished episodes whose returns and lengths `/status` a
 Phase = Literal["running", "paused", "stopped"]
 
 
+class SavedCounters(BaseModel):
+    """The run's counters in a snapshot. Every field has a default: a snapshot written
+    before a field existed still reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    env_steps: int = 0
+    chunks_accepted: int = 0
+    episodes: int = 0
+    granted_batches: int = 0
+    train_iterations: int = 0
+    policy_version: int = -1
+    wall_seconds: float = 0.0  # the run's wall time until the snapshot, across restarts
+    first_chunk_s: float | None = None
+    # what `rlfleet scale` asked for: a restarted coordinator must not make a launcher or
+    # the compose scaler forget it
+    collectors_desired: int | None = None
+
+
 class CoordinatorState:
-    """The run's counters and flags, guarded by `cond`, and the snapshot of them and of the
-    parts a restarted coordinator must get back: the evaluation schedule, the chunk ledger,
-    the task table and the league (`matchmaker`: None for a single-agent run).
+    """The run's counters and flags, guarded by `cond`.
 
     `started_at` is the clock reading the run's wall time counts from; a restore moves it
     back by the wall time the snapshot had run."""
 
-    def __init__(self, clock: Callable[[], float], replay: Replay, tasks: TaskTable,
-                 evaluations: EvaluationSchedule, matchmaker: Matchmaker | None,
-                 started_at: float | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], started_at: float | None = None) -> None:
         self.cond = threading.Condition()
         self.clock = clock
         self.started_at = clock() if started_at is None else started_at
-        self._replay = replay
-        self._tasks = tasks
-        self._evaluations = evaluations
-        self._matchmaker = matchmaker
+        # the coordinator is closing: long polls answer at once, the scheduler ends
+        self.closing = threading.Event()
         # -- progress: changed under `cond` ----------------------------------------------
         self.env_steps = 0
         self.chunks_accepted = 0
         self.episodes = 0
         self.granted_batches = 0
-        # the run's commander (coordinator/env_settings.py): asked for its state before a
-        # snapshot is copied, outside the lock (it is user code); given back what a resumed
-        # run restored
-        self.commander_state: Callable[[], Any] = lambda: None
-        self.restored_commander: Any = None
         self.train_iterations = 0
         self.policy_version = -1
         self.learner_metrics: dict[str, float] = {}  # averaged over the group's ranks
@@ -99,6 +104,12 @@ class CoordinatorState:
                 log.info("run stopping: %s", reason)
             self.cond.notify_all()
 
+    def close(self) -> None:
+        """The coordinator is closing: every waiter answers now."""
+        self.closing.set()
+        with self.cond:
+            self.cond.notify_all()
+
     def version_or_none(self) -> int | None:
         """The latest published policy version; None before the first."""
         return self.policy_version if self.policy_version >= 0 else None
@@ -128,43 +139,28 @@ class CoordinatorState:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def snapshot(self) -> dict:
-        """What a snapshot saves beside the buffers (under `cond`)."""
-        return {"env_steps": self.env_steps, "chunks_accepted": self.chunks_accepted,
-                "episodes": self.episodes, "granted_batches": self.granted_batches,
-                "train_iterations": self.train_iterations,
-                "policy_version": self.policy_version, **self._evaluations.counters(),
-                "ledger": dict(self._replay.released_by),
-                "wall_seconds": self.clock() - self.started_at,
-                "first_chunk_s": self.first_chunk_s(),
-                "tasks": self._tasks.snapshot(),
-                # what `rlfleet scale` asked for: a restarted coordinator must not make a
-                # launcher or the compose scaler forget it
-                "collectors_desired": self.collectors_desired,
-                "league": self._matchmaker.state() if self._matchmaker else None}
+    def snapshot(self) -> SavedCounters:
+        """The counters for a snapshot (under `cond`)."""
+        return SavedCounters(
+            env_steps=self.env_steps, chunks_accepted=self.chunks_accepted,
+            episodes=self.episodes, granted_batches=self.granted_batches,
+            train_iterations=self.train_iterations, policy_version=self.policy_version,
+            wall_seconds=self.clock() - self.started_at, first_chunk_s=self.first_chunk_s(),
+            collectors_desired=self.collectors_desired)
 
-    def restore(self, counters: dict) -> None:
-        """Put a snapshot's counters back (under `cond`; the replay has loaded its own part,
-        the ledger, with its buffers). Evaluations the snapshot had running are failed: their
-        reports would find no one, so new ones fall due at once."""
-        self.env_steps = int(counters["env_steps"])
-        self.chunks_accepted = int(counters["chunks_accepted"])
-        self.episodes = int(counters["episodes"])
-        self.granted_batches = int(counters["granted_batches"])
-        self.train_iterations = int(counters["train_iterations"])
-        self.policy_version = int(counters["policy_version"])
-        self.restored_commander = counters.get("commander")
-        self._evaluations.restore(counters)
-        if self._matchmaker is not None:
-            self._matchmaker.restore(counters.get("league"))
-        if counters.get("collectors_desired") is not None:
-            self.collectors_desired = int(counters["collectors_desired"])
-        self.started_at = self.clock() - float(counters.get("wall_seconds", 0.0))
-        if counters.get("first_chunk_s") is not None:
-            self.first_chunk_at = self.started_at + float(counters["first_chunk_s"])
-        for rec in self._tasks.restore(counters.get("tasks", {})):
-            if rec.kind is TaskKind.EVALUATE:
-                self._evaluations.rerun(rec, self.env_steps, self.train_iterations)
+    def restore(self, saved: SavedCounters) -> None:
+        """Put a snapshot's counters back (under `cond`)."""
+        self.env_steps = saved.env_steps
+        self.chunks_accepted = saved.chunks_accepted
+        self.episodes = saved.episodes
+        self.granted_batches = saved.granted_batches
+        self.train_iterations = saved.train_iterations
+        self.policy_version = saved.policy_version
+        if saved.collectors_desired is not None:
+            self.collectors_desired = saved.collectors_desired
+        self.started_at = self.clock() - saved.wall_seconds
+        if saved.first_chunk_s is not None:
+            self.first_chunk_at = self.started_at + saved.first_chunk_s
 
 
-__all__ = ["RECENT_EPISODES", "CoordinatorState", "Phase"]
+__all__ = ["RECENT_EPISODES", "CoordinatorState", "Phase", "SavedCounters"]

@@ -17,14 +17,14 @@ share: each takes the slot fewest collectors hold, the lowest of those (slots wr
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlfleet.shared.contract.config import CollectorConfig, apex_epsilon
 from rlfleet.shared.contract.wire.base import TaskKind, TaskState
@@ -33,24 +33,39 @@ from rlfleet.shared.contract.wire.tasks import CollectTask, EvaluateTask, LearnT
 AnyTask = CollectTask | LearnTask | EvaluateTask
 
 
-@functools.cache
-def _task_adapter() -> TypeAdapter:
-    """Built on first use (a restore), not at import: the coordinator's start-up is on the
-    path to a run's first chunk."""
-    return TypeAdapter(Task)
-
-
 # Collect tasks once carried copies of `collector.mode`, `collector.chunk_size` and
 # `collector.episodes_per_chunk`; a snapshot written then still holds them, and the run config
 # restored beside it says the same.
 _DROPPED_COLLECT_FIELDS = ("mode", "chunk_size", "episodes_per_chunk")
 
 
-def _saved_task(saved: dict) -> AnyTask:
-    """A task from a snapshot, of this version or an older one."""
-    if saved.get("kind") == TaskKind.COLLECT:
-        saved = {k: v for k, v in saved.items() if k not in _DROPPED_COLLECT_FIELDS}
-    return _task_adapter().validate_python(saved)
+class SavedTask(BaseModel):
+    """A live task in a coordinator snapshot, of this version or an older one. (Built on
+    first use, a snapshot, not at import: the coordinator's start-up is on the path to a
+    run's first chunk.)"""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    task: Task
+    worker_id: str
+    reassignments: int = 0
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _earlier_fields(cls, task: Any) -> Any:
+        if isinstance(task, dict) and task.get("kind") == TaskKind.COLLECT:
+            return {k: v for k, v in task.items() if k not in _DROPPED_COLLECT_FIELDS}
+        return task
+
+
+class SavedTasks(BaseModel):
+    """The task table's part of a coordinator snapshot: its live tasks and id counter."""
+
+    model_config = ConfigDict(extra="ignore", defer_build=True)
+
+    next_id: int = 1
+    tasks: list[SavedTask] = Field(default_factory=list)
+
 
 _LIVE = (TaskState.PENDING, TaskState.RUNNING, TaskState.UNASSIGNED)
 # Ended tasks kept for `GET /tasks` and late reports; older ones are forgotten, so that a run
@@ -212,24 +227,24 @@ class TaskTable:
             rec.task = rec.task.model_copy(update=update)
             return rec
 
-    def snapshot(self) -> dict:
-        """Live tasks and the id counter, as JSON for the coordinator's snapshot."""
+    def snapshot(self) -> SavedTasks:
+        """Live tasks and the id counter, for the coordinator's snapshot."""
         with self._lock:
-            live = [{"task": r.task.model_dump(mode="json"), "worker_id": r.worker_id,
-                     "reassignments": r.reassignments}
+            live = [SavedTask(task=r.task, worker_id=r.worker_id,
+                              reassignments=r.reassignments)
                     for r in self._tasks.values() if r.active]
-            return {"next_id": self._next_id(), "tasks": live}
+            return SavedTasks(next_id=self._next_id(), tasks=live)
 
-    def restore(self, saved: dict) -> list[TaskRecord]:
+    def restore(self, saved: SavedTasks) -> list[TaskRecord]:
         """Tasks from a snapshot, all unassigned until their workers register again."""
         records = []
         with self._lock:
-            self._ids = itertools.count(int(saved.get("next_id", 1)))
-            for item in saved.get("tasks", []):
-                rec = TaskRecord(_saved_task(item["task"]), item["worker_id"],
+            self._ids = itertools.count(saved.next_id)
+            for item in saved.tasks:
+                rec = TaskRecord(item.task, item.worker_id,
                                  created_at=time.monotonic(), state=TaskState.UNASSIGNED,
                                  error="coordinator restarted",
-                                 reassignments=int(item.get("reassignments", 0)))
+                                 reassignments=item.reassignments)
                 self._tasks[rec.task_id] = rec
                 self._unassigned.add(rec.task_id)
                 records.append(rec)

@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 
 from rlfleet.coordinator import evaluation, membership, tasks
-from rlfleet.coordinator.evaluation import EvaluationSchedule
+from rlfleet.coordinator.evaluation import EvaluationSchedule, SavedEvaluations
 from rlfleet.coordinator.membership import Membership
 from rlfleet.coordinator.tasks import TaskTable
 from rlfleet.shared.contract.wire.base import Role, TaskKind, TaskState
@@ -55,8 +55,8 @@ def test_only_the_newest_evaluations_are_kept_and_pages_follow_a_cursor(schedule
     page = schedule.page(12, 100)  # up to date: nothing, and the cursor stays
     assert (page.evaluations, page.next, page.missed, page.more) == ([], 12, 0, False)
     # the snapshot keeps the window and the count, not the history
-    counters = schedule.counters()
-    assert len(counters["evaluations"]) == 5 and counters["evaluations_total"] == 12
+    saved = schedule.snapshot()
+    assert len(saved.evaluations) == 5 and saved.evaluations_total == 12
 
 
 def test_a_restore_numbers_evaluations_of_a_snapshot_from_before_numbers(schedule):
@@ -66,7 +66,7 @@ def test_a_restore_numbers_evaluations_of_a_snapshot_from_before_numbers(schedul
            for i in range(3)]
     for e in old:
         del e["seq"]
-    schedule.restore({"next_eval_at": 0, "evaluations": old})
+    schedule.restore(SavedEvaluations.model_validate({"next_eval_at": 0, "evaluations": old}))
     assert schedule.total == 3 and [e.seq for e in schedule.evaluations] == [1, 2, 3]
     _evaluate(schedule, 1)
     assert schedule.evaluations[-1].seq == 4
@@ -117,7 +117,7 @@ def test_a_snapshot_reads_the_window_while_reports_arrive(schedule):
     def snapshots() -> None:
         try:
             while not done.is_set():
-                schedule.counters()
+                schedule.snapshot()
         except RuntimeError as err:  # the failure this test is about
             errors.append(err)
 

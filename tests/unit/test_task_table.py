@@ -3,7 +3,7 @@ for their workers, whichever version of the coordinator wrote the snapshot."""
 
 from __future__ import annotations
 
-from rlfleet.coordinator.tasks import TaskTable
+from rlfleet.coordinator.tasks import SavedTasks, TaskTable
 from rlfleet.shared.contract.wire.base import TaskKind, TaskState
 from rlfleet.shared.contract.wire.tasks import CollectTask
 
@@ -17,7 +17,7 @@ def test_a_snapshot_whose_collect_task_copies_the_chunking_settings_restores():
          "worker_id": "c1", "reassignments": 1},
         {"task": {"kind": "learn", "task_id": "learn-2", "seed": 0}, "worker_id": "l1"}]}
     table = TaskTable()
-    restored = table.restore(saved)
+    restored = table.restore(SavedTasks.model_validate(saved))
     assert [r.state for r in restored] == [TaskState.UNASSIGNED] * 2
     assert restored[0].task == CollectTask(task_id="collect-1", seed=5, env_kwargs={"size": 3})
     assert restored[0].reassignments == 1
