@@ -350,7 +350,9 @@ class LearnerGroup:
         return {k: float(np.mean([m[k] for m in reporting if k in m])) for k in sorted(keys)}
 
     def updates_per_s(self, worker_id: str) -> float:
-        samples = [s for s in self._rates.get(worker_id, ()) if s[0] >= self.clock() - 5.0]
+        # a copy first (in C, under the interpreter lock): learn-info appends meanwhile
+        recent = tuple(self._rates.get(worker_id, ()))
+        samples = [s for s in recent if s[0] >= self.clock() - 5.0]
         if len(samples) < 2:
             return 0.0
         (t0, i0), (t1, i1) = samples[0], samples[-1]

@@ -113,7 +113,8 @@ class Readout:
 
     def rates(self) -> tuple[float, float]:
         """env steps/s and train iterations/s over the last few seconds."""
-        samples = [s for s in self._rates if s[0] >= self.state.clock() - RATE_WINDOW_S]
+        # a copy first (in C, under the interpreter lock): the scheduler appends meanwhile
+        samples = [s for s in tuple(self._rates) if s[0] >= self.state.clock() - RATE_WINDOW_S]
         if len(samples) < 2:
             return 0.0, 0.0
         (t0, e0, i0), (t1, e1, i1) = samples[0], samples[-1]
