@@ -14,6 +14,8 @@ from enum import StrEnum
 
 import requests
 
+from rlfleet.shared.infra import inproc
+
 PROBE_TIMEOUT_S = 1.0
 
 
@@ -24,7 +26,10 @@ class Liveness(StrEnum):
 
 
 def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> Liveness:
-    """`GET <url>/health` once, no retry: `/health` is open (no token), and cheap to answer."""
+    """`GET <url>/health` once, no retry: `/health` is open (no token), and cheap to answer.
+    An app of this process (`inproc`) answers while it is served."""
+    if inproc.is_inproc(url):
+        return Liveness.ANSWERS if inproc.app_at(url) is not None else Liveness.GONE
     try:
         resp = requests.get(f"{url.rstrip('/')}/health", timeout=timeout_s,
                             allow_redirects=False)

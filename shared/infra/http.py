@@ -13,6 +13,10 @@ for a sample every few milliseconds, and `requests` costs more client CPU a roun
 this way does; it also sends headers and body in separate writes, which cost the server a
 further read (bench/RESULTS.md has both). `requests` carries HTTPS and proxied traffic.
 
+A URL of an app served in this process (`http://<name>.inproc`, `rlfleet.shared.infra.inproc`:
+the single-process runner) is answered through WSGI on the caller's thread, with the same
+requests, answers and errors.
+
 Every client carries the cluster's token (`rlfleet.shared.infra.auth.load_token()` unless
 given), so every role, the CLI and the benches reach a guarded cluster without each call site
 knowing.
@@ -35,6 +39,7 @@ from typing import Any, NamedTuple, TypeVar
 import requests
 from pydantic import BaseModel
 
+from rlfleet.shared.infra import inproc
 from rlfleet.shared.infra.auth import auth_headers, load_token
 
 log = logging.getLogger(__name__)
@@ -138,6 +143,25 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     return not poller.poll(0)
 
 
+class _InProcess:
+    """The transport to an app this process serves (`inproc`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def send(self, method: str, target: str, data: bytes | None, headers: dict[str, str],
+             timeout: float) -> _Answer:
+        app = inproc.app_at(self.url)
+        if app is None:
+            raise _TransportError(f"ConnectionRefused: nothing serves {self.url} in this "
+                                  "process")
+        status, answer_headers, body = inproc.call(app, method, target, data, headers)
+        return _Answer(status, answer_headers, body)
+
+    def close(self) -> None:
+        return None
+
+
 class HttpError(RuntimeError):
     """A request that failed for good: a 4xx/5xx answer, or retries exhausted."""
 
@@ -180,8 +204,10 @@ class HttpClient:
         self.session.headers.update(self.headers)
         split = urllib.parse.urlsplit(self.base_url)
         self._prefix = split.path
-        self._direct: _KeepAlive | None = None
-        if (split.scheme == "http" and split.hostname
+        self._direct: _KeepAlive | _InProcess | None = None
+        if inproc.is_inproc(self.base_url):
+            self._direct = _InProcess(self.base_url)
+        elif (split.scheme == "http" and split.hostname
                 and requests.utils.select_proxy(self.base_url, self.session.proxies) is None):
             self._direct = _KeepAlive(split.hostname, split.port or 80)
 
