@@ -31,7 +31,7 @@ from rlfleet.shared.infra.http import HttpError
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.rollout.rollout import Chunk, Rollout
 from rlfleet.shared.run.config import RunConfig
-from rlfleet.shared.worker import WorkerAgent
+from rlfleet.shared.worker import ALONE, Turns, WorkerAgent
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -74,8 +74,10 @@ class CollectLoop:
 
     def __init__(self, cfg: RunConfig, task: CollectTask, storage: Storage, agent: WorkerAgent,
                  inbox: TaskInbox, acting: Acting, counters: CollectorCounters,
-                 closing: threading.Event, evaluate_only: bool = False) -> None:
+                 closing: threading.Event, evaluate_only: bool = False,
+                 turns: Turns = ALONE) -> None:
         self.cfg = cfg
+        self.turns = turns  # shared with a learner of this process: a chunk is one turn
         self.task = task
         self.storage = storage
         self.agent = agent
@@ -116,7 +118,8 @@ class CollectLoop:
             while not self.closing.is_set() and not self.adder.stop.is_set():
                 if not self._ready_to_act():
                     continue  # torch is still loading: look at closing again
-                self._run_evaluations()
+                with self.turns:
+                    self._run_evaluations()
                 if self.evaluate_only:
                     self.closing.wait(0.05)
                     continue
@@ -128,7 +131,9 @@ class CollectLoop:
                 if self._needs_published_policy():
                     self.closing.wait(0.05)
                     continue
-                self._add(self._collect())
+                with self.turns:
+                    chunk = self._collect()
+                self._add(chunk)
         finally:
             self._drain()
 

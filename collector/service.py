@@ -130,7 +130,7 @@ class CollectorService(WorkerService):
             acting = Acting(cfg, task.seed, storage, self.torch, self.refresher, self.counters,
                             fixed_epsilon=task.epsilon, apex_slot=task.apex_slot)
             loop = CollectLoop(cfg, task, storage, self.agent, self.inbox, acting,
-                               self.counters, self._closing, self.evaluate_only)
+                               self.counters, self._closing, self.evaluate_only, self.turns)
             self._loop = loop
             if self._closing.is_set():  # closed while starting: an add() must not wait
                 loop.halt()

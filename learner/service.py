@@ -37,11 +37,20 @@ from rlfleet.shared.contract.wire.base import Role
 from rlfleet.shared.contract.wire.membership import HeartbeatResponse
 from rlfleet.shared.contract.wire.tasks import LearnTask, TaskAccepted, TaskEnvelope
 from rlfleet.shared.envs.make import run_spec
+from rlfleet.shared.infra import inproc
 from rlfleet.shared.infra.storage import Storage, open_storage
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.worker import WorkerService
 
 log = logging.getLogger("rlfleet.learner")
+
+
+def group_host(advertise_url: str) -> str:
+    """Where this learner's group store listens: its service's host (loopback for a
+    service of the single-process runner, which listens nowhere)."""
+    if inproc.is_inproc(advertise_url):
+        return "127.0.0.1"
+    return urlparse(advertise_url).hostname or "127.0.0.1"
 
 
 class LearnerService(WorkerService):
@@ -120,7 +129,7 @@ class LearnerService(WorkerService):
             self.training = training = self._training(cfg, policy, storage, seed, placement)
             loop = loop_for(training)  # its built-in hooks and the user's, added
             training.resume()  # the policy's and the hooks' state from the last checkpoint
-            host = urlparse(self.agent.advertise_url).hostname or "127.0.0.1"
+            host = group_host(self.agent.advertise_url)
             self.session.open(GroupMember(host, cfg.learner.group_port,
                                           cfg.learner.collective_timeout_s,
                                           device=placement.device))
@@ -142,7 +151,8 @@ class LearnerService(WorkerService):
             {**ck.metadata, "run": cfg.name, "algo": cfg.algo.name}, ck.dir)
         training = Training(cfg, policy, storage, self.storage_url, seed, self.agent,
                             self._closing, self.publisher, self.session, self.timers,
-                            self.progress, checkpoints, placement=placement)
+                            self.progress, checkpoints, placement=placement,
+                            turns=self.turns)
         training.outbox.batch_log = BatchLogTaker(cfg.logging.batch_log)
         return training
 

@@ -36,7 +36,7 @@ from rlfleet.shared.algos.device import Precision
 from rlfleet.shared.contract.wire.sampling import HistogramData
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.run.config import RunConfig
-from rlfleet.shared.worker import WorkerAgent
+from rlfleet.shared.worker import ALONE, Turns, WorkerAgent
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -89,6 +89,7 @@ class Training:
     window: MetricWindow = field(default_factory=MetricWindow)  # updates since the report
     outbox: Outbox = field(default_factory=Outbox)
     run_over: threading.Event = field(default_factory=threading.Event)  # the coordinator said
+    turns: Turns = ALONE  # shared with a collector of this process: one turn a round
     shortage: DataShortage = field(init=False)  # learner.data_shortage_warn_s
     hooks: HookRunner = field(init=False)
     stager: Stager = field(init=False)

@@ -10,6 +10,8 @@
   took its id while it was silent (frozen past the heartbeat timeout), and two processes
   under one id would take turns at its tasks.
 - `WorkerService` is the base of a role: it owns the agent, accepts tasks and reports status.
+- `Turns` is how roles that share one process (the single-process runner) take turns at
+  their heavy work, so a collector's env steps never interleave with a learner's update.
 - `create_worker_app` is the Flask app factory around a service: `/health`, `/status` and
   `POST /task`, the same under cheroot (`services/serve.py`) and the pytest client; with a
   cluster token set, all but `/health` need it (`rlfleet.shared.infra.auth`).
@@ -21,6 +23,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -222,14 +225,55 @@ class WorkerAgent:
         self.client.close()
 
 
+class Turns:
+    """Turns at the heavy work of roles that share one interpreter, first come first served.
+
+    In its own process a role never waits here (`ALONE`). In the single-process runner the
+    collector's env steps and evaluations and the learner's updates are threads of one
+    process: run side by side, each gives up the interpreter at every torch call and waits to
+    get it back, and both run slower than one after the other. A role holds a turn for one
+    unit of its work (a chunk, a sample answer's updates) and never while it waits for the
+    other (a permit, data)."""
+
+    def __init__(self, shared: bool = True) -> None:
+        self.shared = shared
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self._held = False
+
+    def __enter__(self) -> Turns:
+        if not self.shared:
+            return self
+        me = object()
+        with self._cond:
+            self._queue.append(me)
+            while self._held or self._queue[0] is not me:
+                self._cond.wait()
+            self._queue.popleft()
+            self._held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.shared:
+            return
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+
+ALONE = Turns(shared=False)  # a role alone in its process
+
+
 class WorkerService(ABC):
-    """A role's process-wide state: the agent plus whatever loop the role runs."""
+    """A role's process-wide state: the agent plus whatever loop the role runs. `turns`:
+    how it shares its process with other roles (`Turns`; `ALONE` in a process of its own)."""
 
     role: Role
 
     def __init__(self, coordinator_url: str, advertise_url: str, worker_id: str | None = None,
-                 storage_override: str | None = None) -> None:
+                 storage_override: str | None = None, turns: Turns = ALONE) -> None:
         self.storage_override = storage_override
+        self.turns = turns
         self.config: RunConfig | None = None
         # Set by whatever serves the app (services/serve.py): how to stop the whole process.
         self.on_fatal: Callable[[], None] | None = None

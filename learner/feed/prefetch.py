@@ -69,3 +69,26 @@ class Prefetcher(SampleLoop):
         self._closing.set()
         if wait:
             self._thread.join(timeout=20)
+
+
+class InlineFeed(Prefetcher):
+    """The sample loop run on the training thread itself, one request per `get`: no thread
+    to compete with the updates for the interpreter, at the price of the sampling's time in
+    the loop. What the single-process runner's learner uses, where every thread of the
+    cluster shares one process."""
+
+    def start(self) -> InlineFeed:
+        return self
+
+    def get(self, timeout: float) -> list[Batch] | list[dict[str, Batch]] | None:
+        self._ready: list | None = None
+        if not self._closing.is_set():
+            self.sample_once(self.request(wait_s=timeout))
+        ready, self._ready = self._ready, None
+        return ready
+
+    def hand(self, batches: list) -> None:
+        self._ready = batches
+
+    def close(self, wait: bool = True) -> None:
+        self._closing.set()

@@ -122,77 +122,97 @@ class SampleLoop:
         learned, to what is held ready."""
         return True
 
-    def run(self) -> None:
-        # Fewer batches a request where big batches would pass the coordinator's cap.
+    def request(self, wait_s: float = 1.0) -> SampleRequest:
+        """The sample request this loop sends (fewer batches where big batches would pass
+        the coordinator's cap)."""
         per_batch = sample_items(self.batch_size, 1, self.by_buffer)
         num_batches = max(1, min(self.batches_per_request, MAX_SAMPLE_ITEMS // per_batch))
-        req = SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
-                            num_batches=num_batches, wait_s=1.0, mix=self.mix,
-                            by_buffer=self.by_buffer)
-        grouped = self.group_generation is not None
+        return SampleRequest(worker_id=self.worker_id, batch_size=self.batch_size,
+                             num_batches=num_batches, wait_s=wait_s, mix=self.mix,
+                             by_buffer=self.by_buffer)
+
+    def run(self) -> None:
+        req = self.request()
         while not self._closing.is_set() and not self.group_ended.is_set():
-            if not self.wait_room():
+            if not self.wait_room() or not self.sample_once(req):
                 break
+
+    def sample_once(self, req: SampleRequest) -> bool:
+        """One request and what it brings handed on (`hand`); False when this loop is done
+        (its group moved on)."""
+        grouped = self.group_generation is not None
+        if grouped:
+            req = req.model_copy(update={"group_generation": self.group_generation,
+                                         "group_cursor": self.cursor})
+        t0 = time.perf_counter()
+        try:
+            resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
+                                    retries=0, accept=(MEDIA_TYPE, decode_sample))
+        except CodecError as err:  # not from a coordinator of ours
+            log.warning("sample answer not understood: %s", err)
+            self._closing.wait(0.5)
+            return True
+        except HttpError as err:
+            return self._refused(err, time.perf_counter() - t0)
+        self.sample_wait_s += time.perf_counter() - t0
+        self.seen_generation = resp.group_generation
+        if resp.stop:
+            self.stop_run.set()
+            self.on_change()
+        if not resp.chunk_ids or resp.num_batches == 0:
+            return True
+        if grouped:
+            if resp.first_seq != self.cursor:
+                log.warning("group batch %s answered for cursor %d: dropped",
+                            resp.first_seq, self.cursor)
+                return True
+            self.cursor += resp.num_batches
+        return self._read(resp)
+
+    def _refused(self, err: HttpError, waited_s: float) -> bool:
+        """A request the coordinator did not answer with batches; False when the group
+        moved on."""
+        if err.status == 429:  # the rate limiter says wait: the buffer is not ready
+            self.rate_limited += 1
+            self.sample_wait_s += waited_s
+            return True
+        if err.status == 409 and self.group_generation is not None:  # the group re-formed,
+            log.info("sample: %s", err)  # or this rank is out of step with it: re-form
+            if err.body.get("field") == "group_cursor":
+                self.broken = f"out of step with the group: {err}"
+            self.group_ended.set()
+            self.on_change()
+            return False
+        log.warning("sample request failed: %s", err)
+        self._closing.wait(0.5)
+        return True
+
+    def _read(self, resp: SampleResponse) -> bool:
+        """The answer's chunks, read, and its batches handed on; False when the group must
+        re-form (a chunk of a group batch is gone)."""
+        grouped = self.group_generation is not None
+        t1 = time.perf_counter()
+        try:
+            offsets = self.arena.offsets(resp.chunk_ids)
+        except ChunkNotFound as err:
+            # Evicted and deleted between sampling and reading: skip these batches (in a
+            # group every rank must learn from group batch k together: re-form instead).
+            self.dropped_responses += 1
+            log.info("dropping a sample response: %s", err)
             if grouped:
-                req = req.model_copy(update={"group_generation": self.group_generation,
-                                             "group_cursor": self.cursor})
-            t0 = time.perf_counter()
-            try:
-                resp = self.client.post(f"{API}/sample", req, SampleResponse, timeout_s=15,
-                                        retries=0, accept=(MEDIA_TYPE, decode_sample))
-            except CodecError as err:  # not from a coordinator of ours
-                log.warning("sample answer not understood: %s", err)
-                self._closing.wait(0.5)
-                continue
-            except HttpError as err:
-                if err.status == 429:  # the rate limiter says wait: the buffer is not ready
-                    self.rate_limited += 1
-                    self.sample_wait_s += time.perf_counter() - t0
-                    continue
-                if err.status == 409 and grouped:  # the group re-formed, or this rank
-                    log.info("sample: %s", err)  # is out of step with it: re-form
-                    if err.body.get("field") == "group_cursor":
-                        self.broken = f"out of step with the group: {err}"
-                    self.group_ended.set()
-                    self.on_change()
-                    return
-                log.warning("sample request failed: %s", err)
-                self._closing.wait(0.5)
-                continue
-            self.sample_wait_s += time.perf_counter() - t0
-            self.seen_generation = resp.group_generation
-            if resp.stop:
-                self.stop_run.set()
+                self.broken = f"a chunk of group batch {resp.first_seq} is gone: {err}"
+                self.group_ended.set()
                 self.on_change()
-            if not resp.chunk_ids or resp.num_batches == 0:
-                continue
+                return False
+            return True
+        except StorageError as err:  # an outage: sample afresh once it is over
+            self.dropped_responses += 1
+            log.warning("dropping a sample response, storage unavailable: %s", err)
             if grouped:
-                if resp.first_seq != self.cursor:
-                    log.warning("group batch %s answered for cursor %d: dropped",
-                                resp.first_seq, self.cursor)
-                    continue
-                self.cursor += resp.num_batches
-            t1 = time.perf_counter()
-            try:
-                offsets = self.arena.offsets(resp.chunk_ids)
-            except ChunkNotFound as err:
-                # Evicted and deleted between sampling and reading: skip these batches (in a
-                # group every rank must learn from group batch k together: re-form instead).
-                self.dropped_responses += 1
-                log.info("dropping a sample response: %s", err)
-                if grouped:
-                    self.broken = f"a chunk of group batch {resp.first_seq} is gone: {err}"
-                    self.group_ended.set()
-                    self.on_change()
-                    return
-                continue
-            except StorageError as err:  # an outage: sample afresh once it is over
-                self.dropped_responses += 1
-                log.warning("dropping a sample response, storage unavailable: %s", err)
-                if grouped:
-                    self.cursor -= resp.num_batches  # ask for the same shard again
-                self._closing.wait(0.5)
-                continue
-            batches = self.assemble(resp, self.arena.columns, offsets)
-            self.fetch_s += time.perf_counter() - t1
-            self.hand(batches)
+                self.cursor -= resp.num_batches  # ask for the same shard again
+            self._closing.wait(0.5)
+            return True
+        batches = self.assemble(resp, self.arena.columns, offsets)
+        self.fetch_s += time.perf_counter() - t1
+        self.hand(batches)
+        return True

@@ -16,7 +16,7 @@ import torch
 from rlfleet.learner.feed.base import Feed
 from rlfleet.learner.feed.dataproc import DataProcess
 from rlfleet.learner.feed.obs_stats import ObsStats
-from rlfleet.learner.feed.prefetch import Prefetcher
+from rlfleet.learner.feed.prefetch import InlineFeed, Prefetcher
 from rlfleet.learner.group.member import GroupError
 from rlfleet.learner.hooks import BuiltInHook
 from rlfleet.learner.loops.base import TrainingLoop
@@ -62,10 +62,11 @@ class OffPolicyLoop(TrainingLoop):
                 batches = feed.get(timeout=GET_TIMEOUT_S)
                 if not self.wait(started, batches):
                     continue
-                t.hooks.on_data(feed.take_moments())
-                self.learn_all(batches)
-                self.count_round()
-                t.hooks.after_round()
+                with t.turns:
+                    t.hooks.on_data(feed.take_moments())
+                    self.learn_all(batches)
+                    self.count_round()
+                    t.hooks.after_round()
             return True
         finally:
             # Without waiting for a data process (it may be in a sample request for a
@@ -106,8 +107,9 @@ def with_weights(batch: Batch) -> dict[str, torch.Tensor]:
 
 def open_feed(t: Training) -> Feed:
     """This generation's feed: a data process of the learner's own, or a thread
-    (`learner.data_process`). In a group of several, its requests name the generation, so
-    the coordinator deals this rank its shard of each batch."""
+    (`learner.data_process`); the training thread itself where the learner shares its
+    process with other roles (`Training.turns`). In a group of several, its requests name
+    the generation, so the coordinator deals this rank its shard of each batch."""
     cfg, session = t.cfg, t.session
     assert session.assignment is not None
     mix = [MixShare(buffer=p.buffer, fraction=p.fraction) for p in cfg.learner.mix]
@@ -122,7 +124,8 @@ def open_feed(t: Training) -> Feed:
             cfg.algo.batch_size, cfg.learner.batches_per_request,
             cfg.learner.prefetch_requests, cfg.learner.chunk_cache, mix=mix,
             group_generation=generation, transforms=transforms).start()
-    return Prefetcher(
+    feed = InlineFeed if t.turns.shared else Prefetcher
+    return feed(
         t.agent.client, t.storage, worker_id, cfg.algo.batch_size,
         cfg.learner.batches_per_request, cfg.learner.chunk_cache, mix=mix,
         group_generation=generation, depth=cfg.learner.prefetch_requests,

@@ -41,8 +41,9 @@ class OnPolicyLoop(TrainingLoop):
                     t.hooks.after_round()
                 continue
             assert rollout is not None
-            t.hooks.on_data(feeder.take_moments())
-            self.update(t.stager.put(rollout.data))  # to the device, frames stacked there
+            with t.turns:
+                t.hooks.on_data(feeder.take_moments())
+                self.update(t.stager.put(rollout.data))  # to the device, frames stacked there
             self.count_round()
             t.progress.learn_rounds += 1
             t.outbox.figures.update({
