@@ -1,6 +1,7 @@
-"""`rlfleet single`: training in one process (no HTTP, no storage), for a baseline and for
-hyperparameter trials. The command line and the Python API (`rlfleet.single`) build the same
-`SingleOptions`; the training itself is `rlfleet.single_process`."""
+"""`rlfleet single`: the cluster's own parts trained in one process (no ports, no child
+processes), for a baseline and for hyperparameter trials. The command line and the Python API
+(`rlfleet.single`) build the same `SingleOptions`; the training itself is
+`rlfleet.single_process`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def train_single(options: SingleOptions) -> int:
         res, outcome = train_in_dir(cfg, Path(options.run_dir), progress)
     else:
         res = run_single(cfg, progress=progress)
-    print(asdict(res))
+    print({k: v for k, v in asdict(res).items() if k != "history"})
     return 0 if res.solved else 130 if outcome == "interrupted" else 3
 
 

@@ -218,10 +218,10 @@ def test_one_process_plays_learns_and_snapshots_like_the_cluster(tmp_path):
                    "stop_when": [{"opponent": "bot-perfect", "max_loss": 1.0}]},
         "eval": {"every_env_steps": 3000, "episodes": 10, "num_envs": 8, "stop_value": None},
         "stop": {"max_env_steps": 6000}})
-    result = run_single(cfg, league_dir=str(tmp_path))
+    result = run_single(cfg, run_dir=tmp_path)
     assert result.games and result.games > 500 and result.train_iterations > 100
     assert result.solved  # a rule any evaluation meets: the first one ends the run
-    assert list(tmp_path.glob("**/*league-snapshot-*"))
+    assert list(tmp_path.glob("storage/**/*league-snapshot-*"))
 
 
 def test_rlfleet_battle_plays_the_kept_policy_from_each_seat(tmp_path):

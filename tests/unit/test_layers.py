@@ -261,3 +261,27 @@ def test_the_probe_finder_finds_a_probe():
     tree = ast.parse("x = getattr(policy, 'rng', None)\ny = hasattr(cfg.algo, 'her')\n"
                      "z = getattr(req, mode)\n")
     assert [line for line, _ in _probes(tree)] == [1, 2]
+
+
+ROLES = ("rlfleet.coordinator", "rlfleet.collector", "rlfleet.learner")
+
+
+def test_the_single_runner_reaches_the_roles_only_through_their_package_roots():
+    """`rlfleet single` runs the roles' own services (`rlfleet.coordinator.create_app`,
+    `rlfleet.collector.CollectorService`, `rlfleet.learner.LearnerService`): what the roles
+    export, never a module inside them, inside a function too."""
+    path = REPO / "services" / "single_process.py"
+    found = [f"single_process.py:{line} imports {target}"
+             for target, line in imports_of(path, set(modules()))
+             if target.startswith(tuple(f"{role}." for role in ROLES))]
+    assert not found, "\n".join(found)
+    used = {target for target, _ in imports_of(path, set(modules()))}
+    assert set(ROLES) <= used  # it does run all three
+
+
+def test_the_role_finder_finds_a_module_inside_a_role(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from rlfleet.coordinator import Coordinator\n"
+                     "def f():\n    from rlfleet.learner.training import Training\n")
+    targets = [t for t, _ in imports_of(probe, set(modules()))]
+    assert targets == ["rlfleet.coordinator", "rlfleet.learner.training"]

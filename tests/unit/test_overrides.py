@@ -253,17 +253,3 @@ def test_single_trains_the_overridden_config(tmp_path: Path, capsys):
     assert "overrides: stop.max_env_steps=600 " in capsys.readouterr().out
     cfg = load_config(tmp_path / "run" / "config.yaml")
     assert cfg.algo.lr == 3e-4 and cfg.stop.max_env_steps == 600
-
-
-@pytest.mark.parametrize(("override", "field"), [
-    ("coordinator.commander=rlfleet.shared.envs.corridor:CorridorCurriculum",
-     "coordinator.commander"),
-])
-def test_single_refuses_what_it_would_leave_out_of_training(tmp_path: Path, capsys, override,
-                                                            field):
-    from rlfleet.cli import main
-
-    code = main(["single", "--config", CONFIG, "--run-dir", str(tmp_path / "run"), override])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert f"{field}: `rlfleet single`" in err and "rlfleet up" in err
