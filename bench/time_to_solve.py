@@ -19,22 +19,22 @@ steps at its solving evaluation (`single_env_steps_n1`/`_nN` the single process'
 per-seed lists (null: not solved) and each variant's full summary under `n1` and `nN`.
 
 Cluster times: `run_seconds` is the coordinator's clock from its start to the solving
-evaluation; `train` starts at the first chunk the coordinator accepted (workers' start-up, 2-6 s
-of importing torch on this machine, left out: it dominates PPO's few-second solves);
-`wall_seconds` is the launcher's, process start-up and shutdown included. The time
-to 195 comes from the coordinator's evaluation history (`<run-dir>/evaluations.json`).
+evaluation (the single process's time is the same clock: its coordinator runs in it);
+`train` starts at the first chunk the coordinator accepted (workers' start-up, 2-6 s of
+importing torch on this machine, left out: it dominates PPO's few-second solves);
+`wall_seconds` is the launcher's, process start-up and shutdown included. The time to 195
+comes from the coordinator's evaluation history (`<run-dir>/evaluations.json`).
 `first_chunk_s` is the time to the first chunk accepted, from the launch of `rlfleet up` when
 the run's summary has it (`first_chunk_s_from_launch`), else from the coordinator's start
 (`first_chunk_from` says which).
 
 Learning per env step: `env_steps_ratio` compares the env steps each side had collected when
-its solving evaluation was reported (the cluster's collectors run on while it evaluates; the
-single process stops at once). Beside it, per seed, what explains a difference: updates per
-env step, the learner's lead over the replay ratio's line (trained items minus
-samples_per_insert x (inserted - min_size), in batches, averaged over the coordinator's info
-records; the single process trains to the top of the band, error_buffer ahead, before each
-chunk) and the policy lag of the chunks (learner version minus acting version, as the
-coordinator sees them; the single process's actor is at most one version behind).
+its solving evaluation was reported (on both sides the collectors run on while an evaluation
+is made). Beside it, per seed, what explains a difference: updates per env step, the
+learner's lead over the replay ratio's line (trained items minus samples_per_insert x
+(inserted - min_size), in batches, averaged over the coordinator's info records) and the
+policy lag of the chunks (learner version minus acting version, as the coordinator sees
+them).
 The last line of stdout is one JSON object (see `summarise`).
 """
 
@@ -209,8 +209,9 @@ def run_single_process(config: Path, seed: int, collectors: int) -> SingleResult
 
     res = run_single(single_config(config, seed, collectors))
     return SingleResult(seed=seed, solved=res.solved,
-                        solve_s=res.wall_seconds if res.solved else None,
-                        t195_s=res.solved_195_s, env_steps=res.env_steps,
+                        solve_s=res.solved_s if res.solved else None,
+                        t195_s=res.solved_195_s,
+                        env_steps=res.solved_env_steps if res.solved else res.env_steps,
                         train_iterations=res.train_iterations)
 
 
@@ -254,8 +255,8 @@ def table(clusters: list[ClusterResult], singles: list[SingleResult], med: dict,
 def learning_table(clusters: list[ClusterResult], singles: list[SingleResult]) -> Table:
     t = Table(title="learning per env step: what the cluster's policies had behind them",
               caption="lead: the learner's trained items over samples_per_insert x (inserted - "
-                      "min_size), in batches (the single process trains to the top of the band "
-                      "before each chunk); lag: learner version - acting version of each chunk")
+                      "min_size), in batches; lag: learner version - acting version of each "
+                      "chunk")
     for name in ("seed", "cluster updates/step", "single updates/step", "cluster lead",
                  "cluster policy lag"):
         t.add_column(name, justify="right")

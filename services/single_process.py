@@ -164,7 +164,8 @@ def _run_dir(run_dir: Path | None) -> Iterator[tuple[Path | None, str]]:
 
 class _Watch:
     """The run as the runner follows it: each evaluation as it is made, and when the run
-    first reached 195 and its stop value."""
+    first reached 195 and its stop value, by the coordinator's clock (from its start to the
+    evaluation's report: what `rlfleet up`'s summary counts as the run's seconds)."""
 
     def __init__(self, cfg: RunConfig, progress: Callable | None,
                  on_evaluation: Callable[[dict], None] | None) -> None:
@@ -188,17 +189,16 @@ class _Watch:
             record = evaluation_record(e)
             self.records.append(record)
             self.history.append(e.model_dump(mode="json"))
-            elapsed = time.monotonic() - self.start
             if self.t195 is None and e.return_mean >= 195:
-                self.t195 = (elapsed, e.env_steps)
+                self.t195 = (e.wall_time, e.env_steps)
             stop_value = self.cfg.eval.stop_value
             if self.solved_at is None and stop_value is not None \
                     and e.return_mean >= stop_value:
-                self.solved_at = (elapsed, e.env_steps)
+                self.solved_at = (e.wall_time, e.env_steps)
             if self.on_evaluation is not None:
                 self.on_evaluation(record)
             if self.progress is not None:
-                self.progress(e.env_steps, e.train_iterations, e.return_mean, elapsed)
+                self.progress(e.env_steps, e.train_iterations, e.return_mean, e.wall_time)
 
 
 def run_single(cfg: RunConfig, progress: Callable | None = None,
