@@ -85,8 +85,12 @@ test-py313: $(STAMP313)
 	@bash .ci/ensure-chromium
 	RLFLEET_PY313=$(PY313) $(VENV313)/bin/python -m pytest -q -rs $(PY313_ARGS) $(PY313_TESTS)
 
+# ruff, then mypy over the `rlfleet` package (configured in pyproject.toml; .ci/typecheck.py
+# lays the package out for it from package-dir, then names the real files in what it says).
+# Its cache, .mypy_cache/, is kept between runs.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) .ci/typecheck.py
 
 # The documentation site, built with --strict (a broken link or anchor fails) into a
 # temporary folder; `$(VENV)/bin/mkdocs serve` shows it while you edit.
@@ -100,4 +104,4 @@ bench: $(STAMP)
 	$(PY) -m bench.time_to_solve --algo dqn
 
 clean:
-	rm -rf $(VENV) $(VENV313) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV313) runs .pytest_cache .ruff_cache .mypy_cache build/typecheck

@@ -71,7 +71,7 @@ class RandomPolicy:
                                  f"low {spec.action_low}, high {spec.action_high}")
 
     def act(self, obs: np.ndarray, env_step: int) -> ActOutput:
-        n = obs.shape[0]
+        n: int = obs.shape[0]
         if self.n_actions:
             return ActOutput(self.rng.integers(self.n_actions, size=n))
         return ActOutput(self.rng.uniform(self.low, self.high, size=(n, *self.low.shape))

@@ -36,6 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import EllipsisType
 
 import numpy as np
 
@@ -65,7 +66,8 @@ class _Held:
 
 
 class StorageAdder:
-    def __init__(self, storage: Storage, client: HttpClient, worker_id: Callable[[], str],
+    def __init__(self, storage: Storage, client: HttpClient,
+                 worker_id: Callable[[], str | None],
                  task_id: Callable[[], str | None], report_interval_s: float = 0.05,
                  max_held_chunks: int = 64,
                  on_answer: Callable[[ChunkReportResponse], None] | None = None,
@@ -230,6 +232,7 @@ class StorageAdder:
         closing = False
         failing = False
         while not closing:
+            item: ChunkMeta | EllipsisType | None
             try:
                 item = self._q.get(timeout=0.5)  # on timeout, retry what is pending
             except queue.Empty:
@@ -261,13 +264,13 @@ class StorageAdder:
                 failing = True
 
     def _send(self) -> None:
-        task_id = self.task_id()
-        if not self._pending or task_id is None:
+        task_id, worker_id = self.task_id(), self.worker_id()
+        if not self._pending or task_id is None or worker_id is None:
             return
         batch = self._pending[:10_000]
         try:
             resp = self.client.post(f"{API}/chunks", ChunkReport(
-                worker_id=self.worker_id(), task_id=task_id, chunks=batch), ChunkReportResponse)
+                worker_id=worker_id, task_id=task_id, chunks=batch), ChunkReportResponse)
         except HttpError as err:
             log.warning("could not report %d chunks (kept for the next try): %s",
                         len(batch), err)

@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from rlfleet.collector.acting import Acting
+from rlfleet.collector.acting import Acting, RandomPolicy
 from rlfleet.collector.adder import StorageAdder
 from rlfleet.collector.counters import CollectorCounters
 from rlfleet.collector.evaluator import Evaluator
@@ -151,6 +151,7 @@ class CollectLoop:
             if not acting.make_real(timeout=0.1):
                 return False
             if self.rollout is not None:
+                assert acting.policy is not None  # made by make_real
                 self.rollout.policy = acting.policy
                 log.info("torch loaded: acting with the %s policy after %d env steps "
                          "at random", self.cfg.algo.name, self.counters.random_steps)
@@ -193,9 +194,11 @@ class CollectLoop:
     def _make_rollout(self) -> Rollout | BattleRollout:
         """A rollout that cuts chunks as the run config says (`collector.mode`, ...)."""
         c, policy = self.cfg.collector, self.acting.policy
+        assert policy is not None
         if self.pool is not None:
             from rlfleet.shared.rollout.battle import BattleRollout
 
+            assert not isinstance(policy, RandomPolicy)  # games act with no random warm-up
             return BattleRollout(self.cfg, policy, self.pool, self.inbox.next_opponent,
                                  c.chunk_size, c.mode, c.episodes_per_chunk, self.task.seed)
         assert self.envs is not None

@@ -160,7 +160,7 @@ class Durability:
             with self._cond:
                 yield fresh
 
-    def journal_event(self, event: dict, change: Callable[[], None]) -> None:
+    def journal_event(self, event: dict, change: Callable[[], object]) -> None:
         """Journal a change of run state that is not a chunk (a league snapshot), then make
         it with `cond` held, in journal order with the chunks; a restore replays it through
         `on_event`. A `StorageError` leaves the change unmade."""

@@ -139,7 +139,7 @@ def _generate(app: Flask) -> dict[str, Any]:
         if func is None or not hasattr(func, _DOC_ATTR):
             continue
         shadow.add_url_rule(rule.rule, endpoint=rule.endpoint, view_func=_describe(spec, func),
-                            methods=sorted(rule.methods - {"HEAD", "OPTIONS"}))
+                            methods=sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}))
     with shadow.app_context():
         return spec.spec
 

@@ -15,7 +15,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.contract.wire.sampling import LearnInfo
 from rlfleet.shared.run.config import RunConfig
 from rlfleet.shared.telemetry.rundata import JSONL_NAME
+
+if TYPE_CHECKING:  # tensorboard is a heavy import: only with a run
+    from rlfleet.shared.telemetry.logger import RunLogger
 
 log = logging.getLogger("rlfleet.coordinator")
 
@@ -56,6 +59,10 @@ class _TrainWindow:
     minibatch happened to give."""
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Start the next interval (a train record was written)."""
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
         self.low: dict[str, float] = {}
@@ -82,9 +89,6 @@ class _TrainWindow:
         out.update({f"train/{k}": v for k, v in self.arrays.items()})
         return out
 
-    def clear(self) -> None:
-        self.__init__()
-
 
 class RunLog:
     """The run's records go to the logger from `open(resume_step)` on: a resumed run's
@@ -97,7 +101,7 @@ class RunLog:
                  *, open_logger: bool = True) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.logger = None
+        self.logger: RunLogger | None = None
         self._lock = threading.Lock()
         self._returns: list[float] = []
         self._lengths: list[int] = []

@@ -219,6 +219,7 @@ class Workers:
             self.dispatcher.push(rec)
             return rec
         seed = self.cfg.seed * 100_003 + zlib.crc32(worker.worker_id.encode()) % 100_000
+        task: CollectTask | LearnTask
         if worker.role is Role.COLLECTOR:
             task = CollectTask(task_id=self.tasks.new_id(TaskKind.COLLECT), seed=seed,
                                opponents=(self.matchmaker.opponents(2 * self.cfg.env.num_envs)

@@ -235,7 +235,8 @@ def load(run_dir: str | Path, coordinator: str, buffer: str, path: str | Path
         rows = sum(lengths)
         if any(len(col) != rows for col in arrays.values()):
             raise BufferFileError(f"{path}: columns of unequal length (not {rows} rows)")
-        send_priorities = kind == "prioritized" and priority is not None
+        sent_priority = priority if kind == "prioritized" else None  # only a prioritized takes it
+        send_priorities = sent_priority is not None
         accepted, items, start = 0, 0, 0
         batch: list[dict] = []
         batch_prio: list[list[float]] = []
@@ -262,8 +263,8 @@ def load(run_dir: str | Path, coordinator: str, buffer: str, path: str | Path
                                                              "loaded_from": meta["run"]}))
             batch.append({"chunk_id": chunk_id, "length": n, "policy_version": -1,
                           "segments": _segments(part.get("cut"), n)})
-            if send_priorities:
-                batch_prio.append(priority[start:start + n].tolist())
+            if sent_priority is not None:
+                batch_prio.append(sent_priority[start:start + n].tolist())
             start += n
             if len(batch) >= CHUNKS_PER_REQUEST:
                 flush()

@@ -32,6 +32,8 @@ from rlfleet.shared.infra.storage import Storage, StorageError, open_storage
 from rlfleet.shared.run.config import RunConfig, read_run_config
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
     from rlfleet.shared.algos.base import Policy
 
 # the metadata every checkpoint carries as its own fields, listed as columns of their own
@@ -132,11 +134,12 @@ def list_checkpoints(run_dir: str | Path, max_retry_s: float | None = None
 def _size(n: int | None) -> str:
     if n is None:
         return "missing"
+    size = float(n)
     for unit in ("B", "KB", "MB"):
-        if n < 1024 or unit == "MB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+        if size < 1024 or unit == "MB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
 
 
 def print_checkpoints(listed: RunCheckpoints, as_json: bool = False) -> None:
@@ -158,9 +161,11 @@ def print_checkpoints(listed: RunCheckpoints, as_json: bool = False) -> None:
     if files:  # checkpoint.dir: one directory for all
         console.print(f"files in {escape(', '.join(sorted(files)))}")
     table = Table()  # narrow enough for 80 columns: metadata one item a line
-    for name, justify in (("train iteration", "right"), ("policy version", "right"),
-                          ("best", "center"), ("saved", "left"), ("size", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("train iteration", "right"), ("policy version", "right"), ("best", "center"),
+        ("saved", "left"), ("size", "right"))
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
     table.add_column("metadata", overflow="fold")
     for c in listed.checkpoints:
         meta = "\n".join(f"{k}={v}" for k, v in sorted(c.metadata.items()))

@@ -65,12 +65,12 @@ class JsonErrorRequest(HTTPRequest):
     def simple_response(self, status: str | int, msg: str | bytes = "") -> None:
         status = str(status)
         code = int(status[:3])
+        if isinstance(msg, bytes):  # cheroot sends a str as ISO-8859-1: the same bytes
+            msg = msg.decode("iso-8859-1")
         if code < 400:
             super().simple_response(status, msg)
             return
         reason = status[4:].strip() or str(code)
-        if isinstance(msg, bytes):
-            msg = msg.decode("iso-8859-1")
         if code in _DETAILS and (not msg or code == 505):  # 505: "Cannot fulfill request"
             msg = _DETAILS[code].format(timeout=self.server.timeout)
         body = json.dumps({"error": f"{reason}: {msg}" if msg else reason, "field": None})

@@ -129,8 +129,8 @@ def _play_env(cfg: RunConfig, seed: int, render: bool) -> gym.vector.VectorEnv:
 
 
 def _frame(envs: gym.vector.VectorEnv, env_id: str) -> np.ndarray:
-    frame = envs.render()
-    frame = frame[0] if isinstance(frame, (tuple, list)) and frame else frame
+    rendered = envs.render()
+    frame = rendered[0] if isinstance(rendered, (tuple, list)) and rendered else rendered
     arr = None if frame is None else np.asarray(frame)
     if arr is None or arr.ndim != 3 or arr.shape[-1] not in (3, 4):
         raise VideoUnavailable(f"env {env_id!r} cannot render rgb_array frames (render() "
@@ -169,9 +169,9 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
             except VideoUnavailable as err:
                 raise ConfigError(f"--video: {err}") from None
         obs, _ = envs.reset(seed=seed)
-        recurrent = isinstance(policy, Recurrent)
-        if recurrent:  # a fresh memory for the first episode, then at each episode's end
-            policy.reset_state(None, evaluation=True)
+        recurrent = policy if isinstance(policy, Recurrent) else None
+        if recurrent is not None:  # a fresh memory for the first episode, then at each end
+            recurrent.reset_state(None, evaluation=True)
         for episode in range(episodes):
             record = video is not None and episode == 0
             total, length = 0.0, 0
@@ -188,8 +188,8 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
                 total += float(reward[0])
                 length += 1
                 if terminated[0] or truncated[0]:
-                    if recurrent:
-                        policy.reset_state(None, evaluation=True)
+                    if recurrent is not None:
+                        recurrent.reset_state(None, evaluation=True)
                     break
             returns.append(total)
             lengths.append(length)
@@ -206,7 +206,7 @@ def play_run(run_dir: str | Path, episodes: int = 10, video: str | Path | None =
             writer.close()
     played = Played(run_dir, cfg.env.id, cfg.algo.name, version, deterministic, seed,
                     returns, lengths, successes=successes, checkpoint=checkpoint)
-    if writer is not None:
+    if writer is not None and video is not None:
         played.video, played.frames = Path(video), writer.frames
     return played
 

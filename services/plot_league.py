@@ -85,7 +85,7 @@ def payoff_panel(ax: Axes, league: dict[str, Any]) -> list[str]:
     if not names:
         return []
     grid = scores(payoff)
-    games = sum(np.asarray(payoff[k]) for k in ("win", "draw", "loss"))
+    games = np.asarray(payoff["win"]) + np.asarray(payoff["draw"]) + np.asarray(payoff["loss"])
     cmap = colormaps["RdYlGn"].with_extremes(bad="0.9")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1)
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)

@@ -161,9 +161,14 @@ class PolicyService:
         try:
             self.obs_space = envs.single_observation_space
             # the env's own bounds: the vector env's ClipAction wrapper announces (-inf, inf)
-            self.action_space = envs.unwrapped.single_action_space
+            action_space = envs.unwrapped.single_action_space
         finally:
             envs.close()
+        # what a trained policy's env has (EnvSpec): arrays of a fixed shape in, one of
+        # these action spaces out
+        assert self.obs_space.shape is not None
+        assert isinstance(action_space, gym.spaces.Discrete | gym.spaces.Box), action_space
+        self.action_space = action_space
         self.obs_shape = tuple(int(d) for d in self.obs_space.shape)
         self.obs_dtype = np.dtype(self.obs_space.dtype)
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
@@ -238,8 +243,10 @@ class PolicyService:
                     "again in %g s", self.best_path, why, self.version, self.reload_s)
 
     def info(self) -> PolicyInfo:
+        import gymnasium as gym
+
         space = self.action_space
-        if self.discrete:
+        if isinstance(space, gym.spaces.Discrete):
             action = ActionSpace(kind="discrete", n=int(space.n))
         else:
             action = ActionSpace(kind="box", shape=list(space.shape),
@@ -297,10 +304,13 @@ class PolicyService:
     def act(self, obs: np.ndarray, deterministic: bool) -> tuple[np.ndarray, int]:
         """The actions for a batch and the version of the policy that chose them: the one
         served as the request began, whatever the reloader swaps in meanwhile."""
+        import gymnasium as gym
+
         served = self.served
         with self._lock:  # one forward pass at a time: samplers hold state
             actions = policy_actions(served.policy, obs, deterministic)
-        if not self.discrete:  # as the run's envs clip them (shared/envs/make.py: ClipAction)
+        # a Box's actions clipped, as the run's envs clip them (shared/envs/make.py: ClipAction)
+        if isinstance(self.action_space, gym.spaces.Box):
             actions = np.clip(actions, self.action_space.low, self.action_space.high)
         return actions, served.version
 

@@ -33,6 +33,8 @@ from rlfleet.shared.run.config import load_config
 if TYPE_CHECKING:
     from flask import Flask
 
+    from rlfleet.shared.worker import WorkerService
+
 log = logging.getLogger("rlfleet.coordinator")
 
 OVERRIDES_HELP = ("config fields to change, as dotted KEY=VALUE items after the options, "
@@ -115,17 +117,21 @@ def serve_worker(args: argparse.Namespace, role: str) -> int:
         raise ConfigError(f"{role} needs --coordinator URL (or RLFLEET_COORDINATOR)")
     if not args.port:
         args.port = free_port(args.host if args.host != "0.0.0.0" else "127.0.0.1")
+    service_class: type[WorkerService]
     if role == "collector":
-        from rlfleet.collector.service import CollectorService as Service
+        from rlfleet.collector.service import CollectorService
+
+        service_class = CollectorService
     else:  # first, so that everything it imports (Flask, pydantic, torch) is imported nicer
         from rlfleet.shared.infra.priority import import_nicer
 
-        Service = import_nicer("rlfleet.learner.service", "LearnerService")
+        service_class = import_nicer("rlfleet.learner.service", "LearnerService")
     from rlfleet.serve import serve_in_process
     from rlfleet.shared.worker import create_worker_app
 
     def factory():
-        service = Service(args.coordinator, _advertise(args), args.worker_id, args.storage)
+        service = service_class(args.coordinator, _advertise(args), args.worker_id,
+                                args.storage)
         if getattr(args, "evaluate_only", False):
             service.evaluate_only = True
         return create_worker_app(service)

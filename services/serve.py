@@ -46,8 +46,10 @@ class InProcessServer:
 
         self.app = app
         self.service = app.extensions["rlfleet"]
-        self.server = Server((host, port), app, numthreads=threads, request_queue_size=64,
-                             timeout=30, shutdown_timeout=shutdown_timeout_s)
+        # shutdown_timeout: cheroot's stub says int; its thread pool waits any number of seconds
+        self.server = Server(
+            (host, port), app, numthreads=threads, request_queue_size=64, timeout=30,
+            shutdown_timeout=shutdown_timeout_s)  # type: ignore[arg-type]
         # cheroot's own error answers as JSON, and a cap on the request line and headers
         http_errors.install(self.server)
         self._stop = threading.Event()

@@ -167,10 +167,11 @@ class ShmWriter(SampleLoop):
             computed = [transforms.gather(columns, flat, tuple(fields), part.buffer)
                         for part, flat in zip(resp.parts, flats, strict=True)]
         # Stacked frames: obs and next_obs as one (S+1)-frame stack a row (staging.py)
-        stacks = None
+        stacks: list[np.ndarray] | None = None
         if computed is None and not inner and "obs" in fields and "next_obs" in fields:
             found = [stack_index(columns, flat) for flat in flats]
-            stacks = None if any(s is None for s in found) else found
+            present = [s for s in found if s is not None]
+            stacks = present if len(present) == len(found) else None
         layout = _Layout(flats, starts, fields, computed, stacks,
                          any(p.weights is not None for p in resp.parts))
         b = resp.num_batches

@@ -5,6 +5,7 @@ next published version carries, before the data is learned from."""
 from __future__ import annotations
 
 import logging
+from typing import TypeGuard
 
 from rlfleet.learner.hooks import HookContext, HookRunner, Order
 from rlfleet.shared.algos.capabilities import NormalizesObservations
@@ -30,5 +31,5 @@ class ObsStats:
                 log.warning("observation moments skipped: %s", err)
 
     @staticmethod
-    def wanted(policy: object) -> bool:
+    def wanted(policy: object) -> TypeGuard[NormalizesObservations]:
         return isinstance(policy, NormalizesObservations) and policy.tracks_obs_stats

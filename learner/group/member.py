@@ -166,8 +166,10 @@ class GroupMember:
         store = dist.PrefixStore(f"{assignment.epoch}/g{assignment.generation}/",
                                  self._rank0_store(assignment.store_addr))
         try:  # connects to every other rank, or times out
-            self.pg = dist.ProcessGroupGloo(store, assignment.rank, assignment.world_size,
-                                            self.timeout)
+            # torch's stubs declare ProcessGroupGloo a c10d Backend without the collectives
+            # (allreduce, broadcast) it has: used here as the process group it serves as
+            self.pg = dist.ProcessGroupGloo(  # type: ignore[assignment]
+                store, assignment.rank, assignment.world_size, self.timeout)
         except (RuntimeError, dist.DistError, ValueError) as err:
             raise GroupError(f"rendezvous of generation {assignment.generation} failed: "
                              f"{err}") from err
@@ -192,8 +194,9 @@ class GroupMember:
         try:  # pragma: no cover - needs a GPU per rank (not on the machines tests run on)
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self.timeout
-            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size,
-                                         options)
+            # a Backend in torch's stubs, as ProcessGroupGloo above
+            nccl: dist.ProcessGroup = dist.ProcessGroupNCCL(  # type: ignore[assignment]
+                dist.PrefixStore("nccl/", store), rank, size, options)
         except (RuntimeError, dist.DistError, ValueError) as err:
             raise GroupError(f"NCCL rendezvous of generation {assignment.generation} failed: "
                              f"{err}") from err

@@ -41,7 +41,7 @@ class TrainingLoop(ABC):
         if cfg.logging.histograms is not None:
             hooks.append(Histograms(cfg.logging.histograms, t.outbox, t.session))
         if ObsStats.wanted(t.policy):
-            hooks.append(ObsStats(t.policy))  # type: ignore[arg-type]
+            hooks.append(ObsStats(t.policy))
         return hooks
 
     @abstractmethod

@@ -10,6 +10,7 @@ due. Publishing and reporting happen on threads of their own.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import torch
 
@@ -60,7 +61,7 @@ class OffPolicyLoop(TrainingLoop):
                     return False
                 started = time.perf_counter()
                 batches = feed.get(timeout=GET_TIMEOUT_S)
-                if not self.wait(started, batches):
+                if not self.wait(started, batches) or batches is None:
                     continue
                 with t.turns:
                     t.hooks.on_data(feed.take_moments())
@@ -118,6 +119,7 @@ def open_feed(t: Training) -> Feed:
     transforms = BatchTransforms.from_config(
         cfg, seed=t.seed * 1009 + (session.assignment.rank or 0))
     worker_id = t.agent.worker_id
+    assert worker_id is not None  # registered before its first task
     if cfg.learner.data_process:
         return DataProcess(
             t.agent.client.base_url, t.storage_url, cfg.name, worker_id,
@@ -125,8 +127,9 @@ def open_feed(t: Training) -> Feed:
             cfg.learner.prefetch_requests, cfg.learner.chunk_cache, mix=mix,
             group_generation=generation, transforms=transforms).start()
     feed = InlineFeed if t.turns.shared else Prefetcher
-    return feed(
+    # without `by_buffer` its answers are lists of Batch, as a Feed's are
+    return cast(Feed, feed(
         t.agent.client, t.storage, worker_id, cfg.algo.batch_size,
         cfg.learner.batches_per_request, cfg.learner.chunk_cache, mix=mix,
         group_generation=generation, depth=cfg.learner.prefetch_requests,
-        transforms=transforms).start()
+        transforms=transforms).start())

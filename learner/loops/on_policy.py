@@ -58,6 +58,7 @@ class OnPolicyLoop(TrainingLoop):
         """This generation's feeder of the run's queue buffer; the chunks the last one
         used and could not report yet go out with this one's first report."""
         t, cfg = self.t, self.t.cfg
+        assert t.agent.worker_id is not None  # registered before its first task
         queue = next(p.buffer for p in cfg.learner.mix if cfg.buffers[p.buffer].kind == "queue")
         feeder = RolloutFeeder(
             t.agent.client, t.storage, t.agent.worker_id, queue,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,18 +24,21 @@ from rlfleet.learner.output.checkpoints import HOOKS_META, CheckpointStore
 from rlfleet.learner.output.publisher import Publisher
 from rlfleet.shared.infra.storage import StorageError
 
+if TYPE_CHECKING:  # the learner's training module builds this one
+    from rlfleet.learner.training import Progress
+
 log = logging.getLogger("rlfleet.learner")
 
 
 class Checkpointing:
     def __init__(self, store: CheckpointStore, every: int, session: GroupSession,
-                 publisher: Publisher, timers: LearnerTimers, progress: object) -> None:
+                 publisher: Publisher, timers: LearnerTimers, progress: Progress) -> None:
         self.store = store
         self.every = every
         self.session = session
         self.publisher = publisher
         self.timers = timers
-        self.progress = progress  # `Progress`: its `last_checkpoint`
+        self.progress = progress  # its `last_checkpoint`
         self.runner: HookRunner | None = None
 
     def register(self, runner: HookRunner) -> None:

@@ -198,7 +198,8 @@ def _exit_code_after_shutdown(code: int) -> int:
     """What the interpreter does at exit, for a child that leaves with `os._exit`: wait for
     its non-daemon threads, run its own atexit work, flush its streams."""
     try:
-        threading._shutdown()  # type: ignore[attr-defined] - as multiprocessing's children do
+        # private, and so not in typeshed: as multiprocessing's children do
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.live import Live
 
 Say = Callable[[str], None]  # prints one line (rich markup) to the console
 
@@ -46,7 +47,7 @@ class Progress:
 
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
-        self._live = None
+        self._live: Live | None = None
         self._last_print = 0.0
 
     @functools.cached_property

@@ -103,8 +103,9 @@ class Watch:
         was when the run stopped). An interrupted run is not asked again."""
         if self.poller is None:
             return
-        final = (self.poller.poll() if self.status is not None
+        status = self.status
+        final = (self.poller.poll() if status is not None
                  and ending.outcome != "interrupted" else None)
-        if final is not None and "counters" in final:
-            self.status = {**self.status, "counters": final["counters"]}
+        if status is not None and final is not None and "counters" in final:
+            self.status = {**status, "counters": final["counters"]}
         self.poller.close()

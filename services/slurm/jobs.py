@@ -284,21 +284,24 @@ def coordinator_gone(plan: SlurmPlan) -> str | None:
 
 
 def worker_job(role: str, run_dir: Path) -> int:
-    from rlfleet.shared.worker import create_worker_app
+    from rlfleet.shared.worker import WorkerService, create_worker_app
 
     plan = load_plan(run_dir)
     rv = rendezvous.wait(run_dir, RENDEZVOUS_WAIT_S, lambda: coordinator_gone(plan))
     coordinator_host = urlsplit(rv.url).hostname
     address = own_address(coordinator_host)
     port = free_port("0.0.0.0")
+    service_class: type[WorkerService]
     if role == "collector":
-        from rlfleet.collector.service import CollectorService as Service
+        from rlfleet.collector.service import CollectorService
+
+        service_class = CollectorService
     else:
         from rlfleet.shared.infra.priority import import_nicer
 
-        Service = import_nicer("rlfleet.learner.service", "LearnerService")
+        service_class = import_nicer("rlfleet.learner.service", "LearnerService")
     worker_id = f"{role}-{job_id()}" if job_id() else None
-    service = Service(rv.url, f"http://{address}:{port}", worker_id, None)
+    service = service_class(rv.url, f"http://{address}:{port}", worker_id, None)
     server = InProcessServer(create_worker_app(service), "0.0.0.0", port, threads=4)
     over = threading.Event()
     stopped_hook = service.on_run_stopped
@@ -308,8 +311,7 @@ def worker_job(role: str, run_dir: Path) -> int:
         stopped_hook()
         server.request_stop()
 
-    service.on_run_stopped = on_run_stopped
-    service.agent.on_stop = on_run_stopped
+    service.agent.on_stop = on_run_stopped  # the hook's one caller: the service's agent
     warned = Warned()
     warned.install(server.request_stop)
     watchdog = threading.Thread(target=watch_coordinator, args=(plan, server), daemon=True,

@@ -121,11 +121,11 @@ def follow(plan: SlurmPlan, job: str, quiet: bool = False) -> int:
     said = 0.0
     while True:
         try:
-            live = [j for j in commands.jobs([plan.name("coordinator")]) if j.live]
+            queued = any(j.live for j in commands.jobs([plan.name("coordinator")]))
         except SlurmError as err:
             print(f"rlfleet slurm: {err}", file=sys.stderr)
-            live = [None]
-        if not live:
+            queued = True  # not known: asked again after the next poll
+        if not queued:
             break
         rv = rendezvous.read(plan.run_dir)
         if not quiet and rv is not None and time.monotonic() - said > 10:
@@ -134,7 +134,7 @@ def follow(plan: SlurmPlan, job: str, quiet: bool = False) -> int:
             try:
                 s = client.get(f"{API}/status")
                 ev = s.get("latest_evaluation") or {}
-                alive = {}
+                alive: dict[str, int] = {}
                 for w in s.get("workers", []):
                     alive[w["role"]] = alive.get(w["role"], 0) + (w["state"] == "alive")
                 print(f"{time.strftime('%H:%M:%S')} env steps "

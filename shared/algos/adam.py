@@ -55,7 +55,8 @@ class FusedAdam:
             self.fallback.step()
             return
         group = self.param_groups[0]
-        params, grads, avgs, sqs, steps = [], [], [], [], []
+        params: list[torch.Tensor] = []  # the kernel takes tensors (a Parameter is one)
+        grads, avgs, sqs, steps = [], [], [], []
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue

@@ -163,6 +163,8 @@ class Precision:
         In a learner group, call it after the gradients are summed, so every rank sees the
         same sums and skips or takes the same step."""
         if self.scaler is not None:
+            # torch's types ask for a torch.optim.Optimizer; the scaler reads only what every
+            # `Optimizer` here has (param_groups, step), FusedAdam included
             self.scaler.unscale_(optimizer)  # type: ignore[arg-type]
 
     def step(self, optimizer: Optimizer) -> None:
@@ -171,7 +173,7 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return
-        self.scaler.step(optimizer)  # type: ignore[arg-type]
+        self.scaler.step(optimizer)  # type: ignore[arg-type]  # as in `unscale`
         self.scaler.update()
 
     def status(self) -> dict[str, Any]:

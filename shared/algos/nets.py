@@ -36,13 +36,15 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
 def gradients(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Every parameter's gradient, zeros where backward left none: a collective over them
     needs the same tensors on every rank, whatever a rank's shard touched."""
+    grads = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    return [p.grad for p in params]
+        grads.append(p.grad)
+    return grads
 
 
-def sum_gradients(params: list[torch.nn.Parameter], reducer, extra: list[torch.Tensor] = (),
+def sum_gradients(params: list[torch.nn.Parameter], reducer, extra: Sequence[torch.Tensor] = (),
                   scale: float = 1.0) -> None:
     """Sum gradients (and `extra` tensors, in the same collective) over a learner group, then
     multiply the gradients by `scale` (1 / world size turns a sum of per-rank means into the
@@ -91,7 +93,7 @@ class NatureCNN(nn.Module):
     frames and divides by 255 itself, on whatever device it lives on."""
 
     def __init__(self, obs_shape: Sequence[int], features: int = 512,
-                 init: Callable[[nn.Module, float], None] | None = None) -> None:
+                 init: Callable[[nn.Conv2d | nn.Linear, float], None] | None = None) -> None:
         super().__init__()
         channels, height, width = obs_shape
         self.convs = nn.Sequential(
@@ -112,7 +114,8 @@ class NatureCNN(nn.Module):
         return self.fc(self.convs(x))
 
 
-def orthogonal_(layer: nn.Module, gain: float) -> None:
+def orthogonal_(layer: nn.Conv2d | nn.Linear, gain: float) -> None:
     """CleanRL's `layer_init`: orthogonal weights of `gain`, zero biases."""
     nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)

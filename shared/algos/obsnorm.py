@@ -24,6 +24,11 @@ class ObsNormalizer(nn.Module):
     checkpoints, never in the optimiser. Normalised observations are clipped to `clip`
     standard deviations, as gymnasium's NormalizeObservation users do (CleanRL: 10)."""
 
+    # buffers (register_buffer): saved in the state dict, moved by `to`
+    count: torch.Tensor
+    mean: torch.Tensor
+    var: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8) -> None:
         super().__init__()
         self.clip = clip

@@ -144,7 +144,7 @@ class WithRewardModel:
 
     # The counters are the wrapped policy's own: the learner reads (and sets) them there.
     @property
-    def on_policy(self) -> bool:  # type: ignore[override]
+    def on_policy(self) -> bool:
         return self.policy.on_policy
 
     @property

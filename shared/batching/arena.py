@@ -21,7 +21,7 @@ import numpy as np
 
 from rlfleet.shared.contract.frames import FRAMES, INDEX
 
-Fetch = Callable[[list[str]], list[Mapping[str, np.ndarray]]]
+Fetch = Callable[[list[str]], Sequence[Mapping[str, np.ndarray]]]
 
 
 class ChunkArena:
@@ -72,7 +72,7 @@ class ChunkArena:
         return np.fromiter((self.slots[c] * self.slot_rows for c in chunk_ids), dtype=np.int64,
                            count=len(chunk_ids))
 
-    def _store(self, ids: list[str], chunks: list[Mapping[str, np.ndarray]],
+    def _store(self, ids: list[str], chunks: Sequence[Mapping[str, np.ndarray]],
                needed: int) -> None:
         longest = max(len(c["reward"]) for c in chunks)
         most_frames = max(len(c[FRAMES]) if FRAMES in c else 0 for c in chunks)

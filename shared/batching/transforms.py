@@ -151,7 +151,7 @@ class BatchTransforms:
         for f in _FROM_LAST:
             if f in fields:
                 out[f] = take(columns, f, last)
-        if relabel is not None and relabel.any():
+        if self.her is not None and relabel is not None and goal is not None and relabel.any():
             desired = slice(*self.her["desired_goal"])
             for f in ("obs", "next_obs"):
                 if f in out:  # a fresh array (np.take copies): written in place
@@ -183,7 +183,7 @@ class BatchTransforms:
         goals, or the buffer's override."""
         reward = np.asarray(columns["reward"])[idx].astype(np.float32)
         terminated = np.asarray(columns["terminated"])[idx].astype(bool)
-        if relabel is not None and goal is not None and relabel.any():
+        if self.her is not None and relabel is not None and goal is not None and relabel.any():
             compute_reward, compute_terminated = self.goal_functions()
             sel = np.flatnonzero(relabel)
             achieved = take(columns, "next_obs", idx[sel])[:, slice(*self.her["achieved_goal"])]

@@ -23,6 +23,7 @@ from safetensors.numpy import save as _np_save
 
 if TYPE_CHECKING:  # torch loads with the first weights call; the coordinator never makes one
     import torch
+    import zstandard
 
 _SUPPORTED = {np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "int32", "int64",
                                     "uint16", "uint32", "uint64", "float16", "float32",
@@ -48,8 +49,8 @@ class _Codecs:
     them. Both write a checksum of the content: without one, flipped bits decompress to a
     wrong frame of the right length, which no length check could catch."""
 
-    _zstd_c: dict[int, object] = {}
-    _zstd_d: object | None = None
+    _zstd_c: dict[int, zstandard.ZstdCompressor] = {}
+    _zstd_d: zstandard.ZstdDecompressor | None = None
 
     @classmethod
     def compress(cls, codec: str, data: bytes | memoryview, level: int | None) -> bytes:
@@ -115,7 +116,7 @@ def encode_arrays(arrays: Mapping[str, np.ndarray],
         # np.require keeps a 0-d array 0-d; np.ascontiguousarray would make it shape (1,).
         arr = np.require(arr, requirements="C")
         if compression in ("zstd", "lz4") and arr.nbytes >= MIN_COMPRESSED_BYTES:
-            packed = _Codecs.compress(compression, memoryview(arr).cast("B"), level)
+            packed = _Codecs.compress(compression, arr.data.cast("B"), level)
             if len(packed) <= (1 - MIN_SAVING) * arr.nbytes:
                 record[name] = {"codec": compression, "dtype": arr.dtype.str,
                                 "shape": list(arr.shape)}

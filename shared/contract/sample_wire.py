@@ -46,9 +46,11 @@ def decode_sample(blob: bytes) -> SampleResponse:
     arrays, meta = decode_arrays(blob)
     try:
         head = json.loads(meta["sample"])
-        parts = [SamplePart.model_construct(
-            **p, **{name: arrays.get(f"{i}.{name}") for name in _ARRAYS})
-            for i, p in enumerate(head.pop("parts"))]
+        parts = []
+        for i, p in enumerate(head.pop("parts")):
+            # numpy arrays where the model declares lists: model_construct checks nothing
+            columns: dict[str, Any] = {name: arrays.get(f"{i}.{name}") for name in _ARRAYS}
+            parts.append(SamplePart.model_construct(**p, **columns))
         return SampleResponse.model_construct(**head, parts=parts)
     except (KeyError, TypeError, ValueError) as err:
         raise CodecError(f"not a sample answer: {err}") from None

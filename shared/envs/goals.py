@@ -16,7 +16,7 @@ has a success rate of None, not 0.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +26,7 @@ from rlfleet.shared.contract.spec import GoalLayout
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
 
 
-def is_goal_space(space: gym.Space) -> bool:
+def is_goal_space(space: gym.Space) -> TypeGuard[gym.spaces.Dict]:
     return isinstance(space, gym.spaces.Dict) and set(GOAL_KEYS) <= set(space.spaces)
 
 
@@ -40,7 +40,12 @@ class FlattenGoalObs(gym.ObservationWrapper):
         if not is_goal_space(spaces):
             raise ValueError(f"not a goal observation space: {spaces}")
         self._parts = [spaces[k] for k in GOAL_KEYS]
-        flat = [gym.spaces.flatten_space(s) for s in self._parts]
+        flat: list[gym.spaces.Box] = []
+        for key, part in zip(GOAL_KEYS, self._parts, strict=True):
+            box = gym.spaces.flatten_space(part)
+            if not isinstance(box, gym.spaces.Box):
+                raise ValueError(f"observation_space[{key!r}]: {part} does not flatten to a Box")
+            flat.append(box)
         bounds, start = [], 0
         for box in flat:
             bounds.append((start, start + int(box.shape[0])))
@@ -51,7 +56,7 @@ class FlattenGoalObs(gym.ObservationWrapper):
             np.concatenate([b.high for b in flat]).astype(np.float32), dtype=np.float32)
 
     def observation(self, observation: dict) -> np.ndarray:
-        return np.concatenate([gym.spaces.flatten(s, observation[k]).astype(np.float32)
+        return np.concatenate([np.asarray(gym.spaces.flatten(s, observation[k]), np.float32)
                                for s, k in zip(self._parts, GOAL_KEYS, strict=True)])
 
 

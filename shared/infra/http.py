@@ -33,8 +33,8 @@ import select
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import requests
 from pydantic import BaseModel
@@ -54,9 +54,16 @@ _TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout,
                      requests.exceptions.ChunkedEncodingError)
 
 
+class _Headers(Protocol):
+    """A case-insensitive header lookup: what http.client's, werkzeug's and requests'
+    answers all have."""
+
+    def get(self, name: str, /) -> str | None: ...
+
+
 class _Answer(NamedTuple):
     status: int
-    headers: Mapping[str, str]  # case-insensitive `get`, from either transport
+    headers: _Headers  # from either transport
     content: bytes
 
 

@@ -63,7 +63,7 @@ def call(app: WsgiApp, method: str, target: str, data: bytes | None,
     """One request through `app`: (status, headers, body)."""
     path, _, query = target.partition("?")
     builder = EnvironBuilder(path=path, query_string=query, method=method, data=data,
-                             headers=dict(headers))
+                             headers=Headers(headers))
     try:
         environ = builder.get_environ()
     finally:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,7 +52,7 @@ class BadRequest(Exception):
     """A body that does not validate; carries the field it is about."""
 
     def __init__(self, message: str, field: str | None = None,
-                 detail: list[dict] | None = None) -> None:
+                 detail: Sequence[Mapping[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.message, self.field, self.detail = message, field, detail
 

@@ -50,7 +50,7 @@ def as_opponent(player: Player) -> Opponent:
     return Opponent(name=MAIN, kind="main")
 
 
-Journal = Callable[[dict[str, Any], Callable[[], None]], None]
+Journal = Callable[[dict[str, Any], Callable[[], object]], None]
 
 
 def solved_by(settings: LeagueConfig, battles: dict[str, dict[str, float]],

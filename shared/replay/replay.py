@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,8 +23,14 @@ import numpy as np
 
 from rlfleet.shared.contract.algo import PrioritySettings, RolloutSettings
 from rlfleet.shared.contract.codec import decode_arrays, encode_arrays
+from rlfleet.shared.contract.config import MixPart
 from rlfleet.shared.contract.wire.experience import ChunkMeta
-from rlfleet.shared.contract.wire.sampling import Consumed, PriorityUpdate, SampleRequest
+from rlfleet.shared.contract.wire.sampling import (
+    Consumed,
+    MixShare,
+    PriorityUpdate,
+    SampleRequest,
+)
 from rlfleet.shared.infra.storage import Storage
 from rlfleet.shared.infra.webapp import BadRequest
 from rlfleet.shared.replay.buffers import (
@@ -170,7 +177,7 @@ class Replay:
         if not fresh:
             return [], []
         infos = [ChunkInfo(m.chunk_id, m.length, m.policy_version,
-                           tuple(tuple(s) for s in m.segments)) for m in fresh]
+                           tuple((start, n) for start, n in m.segments)) for m in fresh]
         for info in infos:
             self.registry.hold(info.chunk_id, len(self.insert_into))
         dead: list[str] = []
@@ -227,7 +234,7 @@ class Replay:
                 if name not in self.buffers:
                     raise UnknownBuffer(name, f"by_buffer.{name}")
             return [PartPlan(name, name, n) for name, n in req.by_buffer.items()]
-        mix = req.mix or self.cfg.learner.mix  # both have .buffer and .fraction
+        mix: Sequence[MixShare | MixPart] = req.mix or self.cfg.learner.mix
         for i, share in enumerate(mix):
             if share.buffer not in self.buffers:
                 raise UnknownBuffer(share.buffer, f"mix.{i}.buffer")
@@ -429,7 +436,7 @@ class Replay:
         for m in fresh:
             self.registry.hold(m.chunk_id, 1)
             info = ChunkInfo(m.chunk_id, m.length, m.policy_version,
-                             tuple(tuple(s) for s in m.segments))
+                             tuple((start, n) for start, n in m.segments))
             ring = buf if isinstance(buf, PrioritizedBuffer) else None
             first_uid = ring.next_uid if ring is not None else 0
             dead += self._settle(buf, buf.insert([info], train_iteration))

@@ -20,12 +20,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
 
-from rlfleet.shared.algos.base import Policy
+from rlfleet.shared.algos.base import ActOutput, Policy
 from rlfleet.shared.algos.capabilities import NormalizesObservations, Recurrent, SeededActing
 from rlfleet.shared.contract.wire.evaluation import success_rate
 from rlfleet.shared.contract.wire.tasks import GameRecord
@@ -75,8 +75,20 @@ def _as_stored(value: np.ndarray) -> np.ndarray:
     return value.astype(np.float32) if value.dtype == np.float64 else value
 
 
+class Actor(Protocol):
+    """What a rollout calls on whatever acts in it: a run's `Policy`, or what a collector
+    acts with before torch has loaded (uniform random actions, version -1)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def act(self, obs: np.ndarray, env_step: int) -> ActOutput: ...
+
+    def bootstrap(self, obs: np.ndarray) -> np.ndarray | None: ...
+
+
 class Rollout:
-    def __init__(self, envs: gym.vector.VectorEnv, policy: Policy, chunk_size: int = 256,
+    def __init__(self, envs: gym.vector.VectorEnv, policy: Actor, chunk_size: int = 256,
                  mode: str = "samples", episodes_per_chunk: int = 4) -> None:
         if mode not in ("samples", "episodes"):
             raise ValueError(f"collector.mode={mode!r}: expected 'samples' or 'episodes'")
@@ -105,22 +117,22 @@ class Rollout:
         self._clock_steps = 0
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> Actor:
         return self._policy
 
     @policy.setter
-    def policy(self, policy: Policy) -> None:
+    def policy(self, policy: Actor) -> None:
         """A policy swap (a collector's random warm-up ending) re-reads what it asks for:
         algo.obs_norm acts on (and stores) normalised observations and counts the raw ones."""
         self._policy = policy
         # A recurrent policy's memory of the episodes under way starts empty (Recurrent).
-        self._recurrent = isinstance(policy, Recurrent)
-        if self._recurrent:
-            policy.reset_state(None)
-        normalizes = isinstance(policy, NormalizesObservations)
-        self._pre = policy.preprocess if normalizes else None
+        self._recurrent = policy if isinstance(policy, Recurrent) else None
+        if self._recurrent is not None:
+            self._recurrent.reset_state(None)
+        normalizes = policy if isinstance(policy, NormalizesObservations) else None
+        self._pre = normalizes.preprocess if normalizes is not None else None
         self._moments = (RunningMoments.empty(self.obs.shape[1:])
-                         if normalizes and policy.tracks_obs_stats else None)
+                         if normalizes is not None and normalizes.tracks_obs_stats else None)
 
     def pre(self, obs: np.ndarray) -> np.ndarray:
         return obs if self._pre is None else self._pre(obs)
@@ -164,8 +176,8 @@ class Rollout:
         self._clock["env_step"] += time.perf_counter() - t1
         self._clock_steps += 1
         done = terminated | truncated
-        if self._recurrent and done.any():  # these envs' next obs starts a new episode
-            self.policy.reset_state(np.flatnonzero(done))
+        if self._recurrent is not None and done.any():  # these envs' next obs starts anew
+            self._recurrent.reset_state(np.flatnonzero(done))
         real_next = self.pre(final_next_obs(next_obs, info, done))
         step = {"obs": _as_stored(obs), "action": _as_stored(out.actions),
                 "reward": reward.astype(np.float32), "next_obs": _as_stored(real_next),
@@ -220,7 +232,7 @@ class Rollout:
                     bufs[key] = np.empty((T, *value.shape), dtype=value.dtype)
                 bufs[key][t] = value
             done_buf[t] = done
-            for i in np.flatnonzero(done):
+            for i in np.flatnonzero(done).tolist():
                 ret, length = self._finish(i)
                 returns.append(ret)
                 lengths.append(length)
@@ -251,7 +263,7 @@ class Rollout:
             self._steps.append(step)
             self._versions.append(self.policy.version)
             now = self._base + len(self._steps) - 1
-            for i in np.flatnonzero(done):
+            for i in np.flatnonzero(done).tolist():
                 self._done_eps.append(self._extract(i, now))
             self._trim()
         episodes = self._done_eps[:self.episodes_per_chunk]
@@ -357,7 +369,7 @@ def _own_randomness(policy: Policy, seed: int) -> Iterator[None]:
                 torch.manual_seed(seed)
                 yield
     finally:
-        if saved is not None:
+        if gen is not None and saved is not None:
             gen.bit_generator.state = saved
 
 
@@ -372,9 +384,9 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
     out = Evaluated([], [], [], [], {key: [] for key in info_keys})
     # algo.obs_norm: the version's statistics
     pre = policy.preprocess if isinstance(policy, NormalizesObservations) else None
-    recurrent = isinstance(policy, Recurrent)
-    if recurrent:  # evaluation's own memory, empty as its episodes start
-        policy.reset_state(None, evaluation=True)
+    recurrent = policy if isinstance(policy, Recurrent) else None
+    if recurrent is not None:  # evaluation's own memory, empty as its episodes start
+        recurrent.reset_state(None, evaluation=True)
     while (quota > 0).any():
         actions = policy.act_eval(obs if pre is None else pre(obs), deterministic)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
@@ -388,9 +400,9 @@ def _evaluate(envs: gym.vector.VectorEnv, policy: Policy, episodes: int, seed: i
                   else np.zeros(n, dtype=bool))
         if capped.any():
             next_obs, _ = envs.reset(options={"reset_mask": capped.copy()})
-        if recurrent and (done | capped).any():
-            policy.reset_state(np.flatnonzero(done | capped), evaluation=True)
-        for i in np.flatnonzero((done | capped) & active):
+        if recurrent is not None and (done | capped).any():
+            recurrent.reset_state(np.flatnonzero(done | capped), evaluation=True)
+        for i in np.flatnonzero((done | capped) & active).tolist():
             reported = episode_info(info, i, return_key) if return_key else None
             out.returns.append(float(ep_return[i]) if reported is None else reported)
             for key in info_keys:

@@ -15,13 +15,15 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from rlfleet.shared.algos.dqn.config import DQNConfig
 from rlfleet.shared.algos.registry import ALGORITHMS, algo_spec
 from rlfleet.shared.contract.algo import (
+    AlgoConfig,
     EpsilonGreedySettings,
     ObsNormSettings,
     RolloutSettings,
@@ -53,9 +55,14 @@ from rlfleet.shared.run.overrides import (
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _FAST_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-# The config of whichever algorithm `algo.name` names: one class per registry entry.
-AlgoConfigs = Annotated[Union[tuple(spec.config for spec in ALGORITHMS.values())],  # noqa: UP007
-                        Field(discriminator="name")]
+# The config of whichever algorithm `algo.name` names: one class per registry entry. A type
+# checker cannot evaluate a union built at import: it reads their common base, and the
+# settings only some algorithms have through isinstance (`isinstance(algo, RolloutSettings)`).
+if TYPE_CHECKING:
+    AlgoConfigs: TypeAlias = AlgoConfig
+else:
+    AlgoConfigs = Annotated[Union[tuple(spec.config for spec in ALGORITHMS.values())],  # noqa: UP007
+                            Field(discriminator="name")]
 ALGO_NAMES = tuple(ALGORITHMS)
 
 
@@ -71,7 +78,7 @@ class RunConfig(Frozen):
     seed: int = Field(0, description="seeds every worker's envs and networks (each from its "
                       "own offset)")
     env: EnvConfig = EnvConfig()
-    algo: AlgoConfigs = Field(default_factory=lambda: algo_spec("dqn").config(),
+    algo: AlgoConfigs = Field(default_factory=DQNConfig,
                               description="the algorithm: `name` picks one of the registry's "
                               f"({', '.join(ALGO_NAMES)}), and its settings with it")
     collector: CollectorConfig = CollectorConfig()

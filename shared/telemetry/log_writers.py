@@ -269,11 +269,12 @@ class WandbWriter:
         if self._run is None:
             return
         try:
+            import numpy as np
             import wandb
 
             self._run.log({**{f"hist/{name}": wandb.Histogram(np_histogram=(
-                h.bucket_counts, [h.min, *h.bucket_limits])) for name, h in histograms.items()},
-                WANDB_STEP_KEY: step})
+                np.asarray(h.bucket_counts), np.asarray([h.min, *h.bucket_limits])))
+                for name, h in histograms.items()}, WANDB_STEP_KEY: step})
         except Exception as err:
             self._disable("cannot log histograms", err)
 

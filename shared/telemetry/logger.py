@@ -84,7 +84,7 @@ class RunLogger:
         try:
             if cfg.jsonl:
                 path = self.run_dir / JSONL_NAME
-                if resume:
+                if resume_step is not None:
                     self._last_step = rewrite_jsonl_until(path, resume_step)
                 self._writers.append(JsonlWriter(path, append=resume))
             if cfg.tensorboard:
@@ -93,7 +93,7 @@ class RunLogger:
                     for old in tb_dir.glob("events.out.tfevents.*"):
                         old.unlink()
                 self._writers.append(TensorBoardWriter(
-                    tb_dir, purge_step=resume_step + 1 if resume else None))
+                    tb_dir, purge_step=resume_step + 1 if resume_step is not None else None))
             if cfg.wandb.enabled:
                 self._writers.append(WandbWriter(self.run_dir, cfg.wandb, run_name, config,
                                                  resume))

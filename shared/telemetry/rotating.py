@@ -53,9 +53,10 @@ class RotatingJsonl:
         self._pattern = _part_pattern(path.stem)
         self._parts = [(p, p.stat().st_size) for p in table_files(path.parent, path.name)
                        if p != path]
-        self._last = (datetime.strptime(self._pattern.fullmatch(self._parts[-1][0].name)
-                                        .group(1), _TIME).replace(tzinfo=UTC)
-                      if self._parts else None)
+        # table_files lists only names the pattern matches
+        last = self._pattern.fullmatch(self._parts[-1][0].name) if self._parts else None
+        self._last = (datetime.strptime(last.group(1), _TIME).replace(tzinfo=UTC)
+                      if last is not None else None)
         self._file: BinaryIO = path.open("ab")
         self._size = os.fstat(self._file.fileno()).st_size
         self._rotates = max_bytes is not None

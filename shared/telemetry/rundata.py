@@ -149,7 +149,8 @@ class RunData:
             n = len(row["item_id"])
             columns = {k: [row.get(k)] * n for k in LOGGED_COLUMNS if k != "item_id"}
             columns["item_id"] = row["item_id"]
-            values = row.get("values") if isinstance(row.get("values"), dict) else {}
+            logged = row.get("values")
+            values = logged if isinstance(logged, dict) else {}
             for name, column in values.items():
                 if isinstance(column, list) and len(column) == n:
                     columns[name] = [np.nan if v is None else v for v in column]

@@ -13,6 +13,7 @@ class APPOConfig(PPOConfig):
     """Asynchronous PPO: the clipped surrogate on V-trace targets, learning from whatever a
     queue buffer holds, however old the policy that acted it."""
 
+    # its own name, narrowing the parent's: what the run config's union tells them apart by
     name: Literal["appo"] = "appo"  # type: ignore[assignment]
     epochs: int = Field(1, ge=1, le=100, description="passes over each rollout (off-policy "
                         "data is used once or twice, not PPO's four times)")

@@ -31,6 +31,8 @@ EVAL_ROWS = 4096  # rows per no-gradient pass over a rollout (bounds an Atari ro
 
 
 class APPO(PPO):
+    cfg: APPOConfig
+
     def __init__(self, cfg: APPOConfig, spec: EnvSpec, seed: int = 0) -> None:
         if cfg.c_bar > cfg.rho_bar:
             raise ValueError(f"algo.c_bar={cfg.c_bar} must be at most algo.rho_bar="
@@ -90,8 +92,9 @@ class APPO(PPO):
                      batch["reward"].cpu().numpy() * c.reward_scale,
                      c.gamma * (1.0 - terminated), cut, c.rho_bar, c.c_bar, c.gae_lambda)
         rhos = np.exp(log_rhos)
-        metrics = {"importance_weight_mean": float(out.clipped_rhos.mean()),
-                   "importance_weight_truncated": float((rhos > c.rho_bar).mean())}
+        metrics: dict[str, torch.Tensor | float] = {
+            "importance_weight_mean": float(out.clipped_rhos.mean()),
+            "importance_weight_truncated": float((rhos > c.rho_bar).mean())}
         return (torch.from_numpy(out.advantages).to(self.device),
                 torch.from_numpy(out.vs).to(self.device), metrics)
 

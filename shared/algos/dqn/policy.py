@@ -16,7 +16,7 @@ included, since it runs after the average) is the one a single learner would tak
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -71,6 +71,23 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     return start + frac * (end - start)
 
 
+class QSettings(Protocol):
+    """What QLearner reads of its algorithm's config (DQNConfig's and R2D2Config's fields)."""
+
+    @property
+    def lr(self) -> float: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def target_update_every(self) -> int: ...
+    @property
+    def eps_start(self) -> float: ...
+    @property
+    def eps_end(self) -> float: ...
+    @property
+    def eps_decay_steps(self) -> int: ...
+
+
 class QLearner:
     """What DQN and R2D2 share: an online and a target Q-network stepped by one optimizer
     (made on first use), epsilon-greedy acting with a linear decay or a fixed epsilon
@@ -79,6 +96,16 @@ class QLearner:
     `target`, `_params`, `_optimizer`, `precision`, `reducer`, `fixed_epsilon` and
     `train_iterations`."""
 
+    cfg: QSettings
+    q: nn.Module
+    target: nn.Module
+    _params: list[nn.Parameter]
+    _optimizer: Optimizer | None
+    precision: Precision
+    reducer: Reducer | None
+    fixed_epsilon: float | None
+    train_iterations: int
+
     @property
     def optimizer(self) -> Optimizer:
         """Made on first use: only a learner ever steps it (`shared/algos/optim.py`)."""
@@ -86,14 +113,14 @@ class QLearner:
             self._optimizer = adam(self.q.parameters(), lr=self.cfg.lr)
         return self._optimizer
 
-    def set_precision(self, precision: Precision) -> None:
-        """Learn under `learner.precision` (MixedPrecision)."""
-        self.precision = precision
-
     @optimizer.setter
     def optimizer(self, optimizer: Optimizer) -> None:
         """A subclass may bring its own (for a network of its own)."""
         self._optimizer = optimizer
+
+    def set_precision(self, precision: Precision) -> None:
+        """Learn under `learner.precision` (MixedPrecision)."""
+        self.precision = precision
 
     def set_reducer(self, reducer: Reducer | None) -> None:
         """Learn as one rank of a data-parallel group (None: alone)."""
@@ -149,6 +176,9 @@ class QLearner:
 
 class DQN(QLearner):
     on_policy: ClassVar[bool] = False
+    cfg: DQNConfig
+    q: QNetwork
+    target: QNetwork
     rng: np.random.Generator  # the acting stream (SeededActing)
     device: torch.device  # where its networks live (Placeable)
 
@@ -200,7 +230,7 @@ class DQN(QLearner):
 
     def _epsilon_greedy(self, obs: np.ndarray, epsilon: float,
                         mask: np.ndarray | None = None) -> np.ndarray:
-        n = obs.shape[0]
+        n: int = obs.shape[0]
         explore = self.rng.random(n) < epsilon
         if explore.all():
             return self._random(n, mask)

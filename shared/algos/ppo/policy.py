@@ -73,10 +73,12 @@ class ActorCritic(nn.Module):
             if not spec.discrete:
                 raise ValueError("PPO on image observations supports discrete actions only")
             self.trunk = NatureCNN(spec.obs_shape, init=orthogonal_)
-            self.actor = nn.Linear(self.trunk.features, out_dim)
-            self.critic = nn.Linear(self.trunk.features, 1)
-            orthogonal_(self.actor, 0.01)
-            orthogonal_(self.critic, 1.0)
+            actor = nn.Linear(self.trunk.features, out_dim)
+            critic = nn.Linear(self.trunk.features, 1)
+            orthogonal_(actor, 0.01)
+            orthogonal_(critic, 1.0)
+            self.actor: nn.Module = actor
+            self.critic: nn.Module = critic
         else:
             self.actor = _orthogonal_init(mlp(obs_dim, hidden, out_dim, nn.Tanh), 0.01)
             self.critic = _orthogonal_init(mlp(obs_dim, hidden, 1, nn.Tanh), 1.0)
@@ -420,7 +422,8 @@ class PPO:
         """One gradient step on one minibatch of `size` rows (this rank holds the rows
         given); its METRICS as one detached tensor, the same on every rank."""
         c = self.cfg
-        group = self.reducer is not None and self.reducer.world_size > 1
+        group = self.reducer if self.reducer is not None and self.reducer.world_size > 1 \
+            else None
         with self.precision.autocast():
             head, value = self.net.head_value(obs)
             log_prob, entropy = self.net.log_prob_entropy(self._masked(head, mask), action)
@@ -432,8 +435,8 @@ class PPO:
             # Mean and unbiased std of the whole minibatch, from sums in float64.
             a64 = advantages.double()
             sums = torch.stack([a64.sum(), (a64 * a64).sum()])
-            if group:
-                self.reducer.sum_([sums])
+            if group is not None:
+                group.sum_([sums])
             mean = sums[0] / size
             std = ((sums[1] - size * mean * mean) / (size - 1)).clamp(min=0.0).sqrt()
             advantages = ((a64 - mean) / (std + 1e-8)).float()
@@ -455,8 +458,8 @@ class PPO:
             clip_frac = ((ratio - 1).abs() > c.clip_coef).float().sum() * inv
             stats = torch.stack([policy_loss, value_loss, entropy_mean, approx_kl,
                                  clip_frac]).detach()
-        if group:  # gradients and metrics in one collective
-            sum_gradients(self._params, self.reducer, extra=[stats])
+        if group is not None:  # gradients and metrics in one collective
+            sum_gradients(self._params, group, extra=[stats])
         self.precision.unscale(self.optimizer)
         grad_norm = clip_grad_norm(self._params, c.max_grad_norm)
         self.precision.step(self.optimizer)

@@ -113,6 +113,9 @@ def n_step_targets(reward: torch.Tensor, terminated: torch.Tensor, cut: torch.Te
 
 class R2D2(QLearner):
     on_policy: ClassVar[bool] = False
+    cfg: R2D2Config
+    q: RecurrentQNetwork
+    target: RecurrentQNetwork
     rng: np.random.Generator  # the acting stream (SeededActing)
     device: torch.device  # where its networks live (Placeable)
 
@@ -179,7 +182,8 @@ class R2D2(QLearner):
 
     def _choose(self, q: torch.Tensor, epsilon: float, mask: np.ndarray | None) -> np.ndarray:
         actions = masked_q(q, mask).argmax(dim=1).cpu().numpy()
-        explore = self.rng.random(actions.shape[0]) < epsilon
+        n: int = actions.shape[0]
+        explore = self.rng.random(n) < epsilon
         if explore.any():
             if mask is None:
                 actions[explore] = self.rng.integers(self.spec.n_actions,

@@ -135,7 +135,8 @@ class RND:
         moments.merge(RunningMoments(n, ref + mean_d, m2))
 
     def train(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | float]:
-        grouped = self.reducer is not None and self.reducer.world_size > 1
+        group = self.reducer if self.reducer is not None and self.reducer.world_size > 1 \
+            else None
         next_obs = batch.get("next_obs")
         if next_obs is None:  # a rank's empty share of a rollout: it still joins the sums
             next_obs = torch.zeros((0, *self.spec.obs_shape))
@@ -143,8 +144,8 @@ class RND:
         ref = self.obs_moments.mean.copy()
         obs_stats = self._moments_of(next_obs.to(torch.float32).numpy()
                                      .reshape(len(next_obs), *self.spec.obs_shape), ref)
-        if grouped:
-            self.reducer.sum_(obs_stats)
+        if group is not None:
+            group.sum_(obs_stats)
         self._merge(self.obs_moments, obs_stats, ref)
         total_rows = float(obs_stats[0].item())
         # 2. the predictor's step on the mean error over the whole batch
@@ -157,8 +158,8 @@ class RND:
         int_stats = self._moments_of(err.numpy()[:, None], int_ref.reshape(1))
         int_stats = [int_stats[0], int_stats[1].reshape(()), int_stats[2].reshape(())]
         loss_sum = loss.detach().reshape(1).clone()
-        if grouped:  # gradients and the error statistics in one collective
-            self.reducer.sum_(gradients(self._params) + int_stats + [loss_sum])
+        if group is not None:  # gradients and the error statistics in one collective
+            group.sum_(gradients(self._params) + int_stats + [loss_sum])
         self.optimizer.step()
         # 3. the intrinsic rewards' running std, from the errors before the step
         self._merge(self.int_moments, int_stats, int_ref)

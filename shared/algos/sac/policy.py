@@ -332,8 +332,8 @@ class SAC:
         action = self.to_unit(batch["action"])
         reward = batch["reward"].float()
         not_done = 1.0 - batch["terminated"].float()
-        discount = batch.get("discount")
-        discount = self.cfg.gamma if discount is None else discount.float()
+        per_row = batch.get("discount")
+        discount = self.cfg.gamma if per_row is None else per_row.float()
         log_alpha = self.temperature.log_alpha
         alpha = log_alpha.detach().exp()
         with self.precision.autocast():

@@ -108,14 +108,15 @@ class Game:
     def columns(self, start: int = 0) -> dict[str, np.ndarray]:
         """Transitions `start`.. as a chunk's columns (`action_mask`, `next_action_mask`
         beside the usual fields, and the acting policy's extras)."""
-        out = {"obs": np.asarray(self.obs[start:], dtype=np.float32),
-               "action": np.asarray(self.action[start:], dtype=np.int64),
-               "reward": np.asarray(self.reward[start:], dtype=np.float32),
-               "next_obs": np.asarray(self.next_obs[start:], dtype=np.float32),
-               "terminated": np.asarray(self.terminated[start:], dtype=bool),
-               "truncated": np.asarray(self.truncated[start:], dtype=bool),
-               "action_mask": np.asarray(self.mask[start:], dtype=bool),
-               "next_action_mask": np.asarray(self.next_mask[start:], dtype=bool)}
+        out: dict[str, np.ndarray] = {
+            "obs": np.asarray(self.obs[start:], dtype=np.float32),
+            "action": np.asarray(self.action[start:], dtype=np.int64),
+            "reward": np.asarray(self.reward[start:], dtype=np.float32),
+            "next_obs": np.asarray(self.next_obs[start:], dtype=np.float32),
+            "terminated": np.asarray(self.terminated[start:], dtype=bool),
+            "truncated": np.asarray(self.truncated[start:], dtype=bool),
+            "action_mask": np.asarray(self.mask[start:], dtype=bool),
+            "next_action_mask": np.asarray(self.next_mask[start:], dtype=bool)}
         for key, values in self.extras.items():
             out[key] = np.asarray(values[start:], dtype=np.float32)
         return out

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -108,7 +108,10 @@ class WindowRetry(Retry):
 
 class RedisStorage(Storage):
     """`retry_s`: how long connection errors and timeouts are retried before a call raises
-    `StorageError` (a Redis restart takes a second or two; a failover longer)."""
+    `StorageError` (a Redis restart takes a second or two; a failover longer).
+
+    Its client never decodes replies (no `decode_responses`): they are bytes, which redis-py's
+    types cannot tell from its decoding clients' str, so the readers below `cast` them."""
 
     def __init__(self, url: str, namespace: str = "run", client: redis.Redis | None = None,
                  retry_s: float = DEFAULT_RETRY_S, connect_timeout_s: float = 1.0) -> None:
@@ -183,12 +186,14 @@ class RedisStorage(Storage):
     def get_chunks(self, chunk_ids: Sequence[str]) -> list[bytes]:
         if not chunk_ids:
             return []
-        values = self._call("get_chunks", self.client.mget,
-                            [self.key_chunk(c) for c in chunk_ids])
+        values = cast("list[bytes | None]", self._call(
+            "get_chunks", self.client.mget, [self.key_chunk(c) for c in chunk_ids]))
+        found: list[bytes] = []
         for chunk_id, value in zip(chunk_ids, values, strict=True):
             if value is None:
                 raise ChunkNotFound(chunk_id)
-        return values
+            found.append(value)
+        return found
 
     def delete_chunks(self, chunk_ids: Iterable[str]) -> int:
         ids = list(chunk_ids)
@@ -204,14 +209,15 @@ class RedisStorage(Storage):
         return int(self._call("delete_chunks", delete))
 
     def list_chunks(self) -> list[str]:
-        members = self._call("list_chunks", self.client.smembers, self.key_chunk_index)
+        members = cast("set[bytes]", self._call("list_chunks", self.client.smembers,
+                                                self.key_chunk_index))
         return sorted(m.decode() for m in members)
 
     def put_blob(self, name: str, data: bytes) -> None:
         self._call("put_blob", self.client.set, self.key_blob(name), data)
 
     def get_blob(self, name: str) -> bytes | None:
-        return self._call("get_blob", self.client.get, self.key_blob(name))
+        return cast("bytes | None", self._call("get_blob", self.client.get, self.key_blob(name)))
 
     def delete_blob(self, name: str) -> None:
         self._call("delete_blob", self.client.delete, self.key_blob(name))
@@ -260,7 +266,8 @@ class RedisStorage(Storage):
             v = self.latest_version() if version is None else version
             if v is None:
                 return None
-            data = self._call("get_weights", self.client.get, self.key_weights(v))
+            data = cast("bytes | None",
+                        self._call("get_weights", self.client.get, self.key_weights(v)))
             if data is not None:
                 return v, data
             if version is not None:
@@ -286,15 +293,18 @@ class RedisStorage(Storage):
         self._call("append_journal", append)
 
     def read_journal(self, generation: int) -> list[bytes]:
-        return self._call("read_journal", self.client.lrange, self.key_journal(generation), 0, -1)
+        return cast("list[bytes]", self._call("read_journal", self.client.lrange,
+                                              self.key_journal(generation), 0, -1))
 
     def journal_generations(self) -> list[int]:
-        members = self._call("journal_generations", self.client.zrange, self.key_journals, 0, -1)
+        members = cast("list[bytes]", self._call("journal_generations", self.client.zrange,
+                                                 self.key_journals, 0, -1))
         return sorted(int(m) for m in members)
 
     def delete_journals(self, before: int) -> None:
         def delete() -> None:
-            old = self.client.zrangebyscore(self.key_journals, "-inf", f"({int(before)}")
+            old = cast("list[bytes]", self.client.zrangebyscore(self.key_journals, "-inf",
+                                                                f"({int(before)}"))
             if not old:
                 return
             pipe = self.client.pipeline(transaction=True)

@@ -253,7 +253,7 @@ class ChunkTable:
 
     def release(self, indices: np.ndarray) -> list[str]:
         """Drop one reference per occurrence; returns ids whose count reached zero."""
-        released = []
+        released: list[str] = []
         if indices.size == 0:
             return released
         uniq, counts = np.unique(indices, return_counts=True)
@@ -270,7 +270,7 @@ class ChunkTable:
         return released
 
     def names(self, indices: np.ndarray) -> list[str]:
-        return [self.ids[i] for i in indices.tolist()]  # type: ignore[misc]
+        return [self.ids[i] for i in indices.tolist()]
 
     def snapshot(self) -> tuple[list[str], np.ndarray]:
         """(ids of live entries, their table index)."""

@@ -74,6 +74,17 @@ class EpisodeBuffer(Buffer):
     """Uniform over sequences of `sequence_length` rows inside one episode segment."""
 
     kind = "episode"
+    # The columns of _SEGMENT_FIELDS and _CHUNK_FIELDS, set and replaced whole by setattr.
+    seg_chunk: np.ndarray
+    seg_start: np.ndarray
+    seg_length: np.ndarray
+    seg_uid: np.ndarray
+    seg_inserted_at: np.ndarray
+    seg_version: np.ndarray
+    seg_uses: np.ndarray
+    ch_index: np.ndarray
+    ch_length: np.ndarray
+    ch_segments: np.ndarray
 
     def __init__(self, name: str, capacity: int, seed: int, sequence_length: int = 1) -> None:
         super().__init__(name, capacity, seed)

@@ -82,6 +82,18 @@ class SequenceBuffer(Buffer):
     sequences that would run past their segment's end are padded, never dropped."""
 
     kind = "sequence"
+    # The columns of _SEQUENCE_FIELDS and _CHUNK_FIELDS, set and replaced whole by setattr.
+    seq_chunk: np.ndarray
+    seq_start: np.ndarray
+    seq_valid: np.ndarray
+    seq_uid: np.ndarray
+    seq_priority: np.ndarray
+    seq_inserted_at: np.ndarray
+    seq_version: np.ndarray
+    seq_uses: np.ndarray
+    ch_index: np.ndarray
+    ch_length: np.ndarray
+    ch_sequences: np.ndarray
 
     def __init__(self, name: str, capacity: int, seed: int, sequence_length: int = 1,
                  sequence_overlap: int = 0, alpha: float = 0.6, beta: float = 0.4,
