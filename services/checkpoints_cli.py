@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlfleet.learner.output.checkpoints import CheckpointInfo, read_index
+from rlfleet.learner.output.checkpoints import HOOKS_META, CheckpointInfo, read_index
 from rlfleet.shared.contract.codec import CodecError, read_metadata
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.infra.storage import Storage, StorageError, open_storage
@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
     from rlfleet.shared.algos.base import Policy
 
-# the metadata every checkpoint carries as its own fields, listed as columns of their own
+# the metadata every checkpoint carries as its own fields, listed as columns of their own,
+# and the learner's own entries (its hooks' states), which are not the user's metadata
 COUNTER_KEYS = ("train_iterations", "policy_version", "saved_at")
+INTERNAL_KEYS = (*COUNTER_KEYS, HOOKS_META)
 
 
 @dataclass
@@ -104,7 +106,7 @@ def _listed(storage: Storage, info: CheckpointInfo, best: bool, mirror: Path | N
     file = mirror / info.file_name if mirror is not None else None
     return Listed(info.name, info.train_iterations, info.policy_version, best, info.saved_at,
                   None if blob is None else len(blob),
-                  {k: v for k, v in meta.items() if k not in COUNTER_KEYS},
+                  {k: v for k, v in meta.items() if k not in INTERNAL_KEYS},
                   str(file) if file is not None and file.is_file() else None)
 
 

@@ -68,7 +68,7 @@ class Checkpointing:
         hooks = self.runner.state_dict() if self.runner is not None else {}
         try:
             self.store.save(ctx.policy.state_dict(), iterations, self.publisher.version,
-                            {HOOKS_META: json.dumps(hooks)})
+                            {HOOKS_META: json.dumps(hooks)} if hooks else None)
         except StorageError as err:
             log.warning("checkpoint at train iteration %d not saved: %s", iterations, err)
             return

@@ -18,7 +18,7 @@ from rlfleet.checkpoints_cli import (
     main,
     resume_point,
 )
-from rlfleet.learner.output.checkpoints import CheckpointStore, read_index
+from rlfleet.learner.output.checkpoints import HOOKS_META, CheckpointStore, read_index
 from rlfleet.local.plan import absolute_paths
 from rlfleet.shared.algos.registry import make_policy
 from rlfleet.shared.contract.codec import decode_weights, read_metadata
@@ -124,7 +124,8 @@ def _saved_run(tmp_path: Path):
     for it, version in [(100, 3), (200, 6), (300, 9)]:
         policy = make_policy(cfg.algo, run_spec(cfg), seed=it)  # other weights each time
         policy.train_iterations = it
-        store.save(policy.state_dict(), it, version)
+        # the learner's hooks' states ride along: the learner's own, not listed as metadata
+        store.save(policy.state_dict(), it, version, {HOOKS_META: '{"obs_stats": {}}'})
         policies[it] = policy
         if it == 200:
             store.mark_best(7)
@@ -144,6 +145,7 @@ def test_the_listing_reads_each_checkpoint_s_metadata_back(tmp_path, capsys, mon
     assert last.size_bytes == len(blob) > 0
     assert last.file == str(run_dir / "ckpts" / "ckpt-000000000300.safetensors")
     assert last.saved_at == pytest.approx(float(read_metadata(blob)["saved_at"]), abs=1e-3)
+    assert HOOKS_META in read_metadata(blob)  # kept in the file, left out of the listing
 
     assert main(str(run_dir), as_json=True) == 0
     out = json.loads(capsys.readouterr().out)
