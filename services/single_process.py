@@ -218,9 +218,11 @@ def run_single(cfg: RunConfig, progress: Callable | None = None,
         try:
             cluster.start_workers()
             state = _follow(cluster, watch, should_stop)
-            watch.read(cluster)
         finally:
             status = cluster.close()
+        # after the workers are gone: an evaluation under way when the run stopped is
+        # recorded as it ends, while they close, and the summary must count it too
+        watch.read(cluster)
     return _result(cfg, watch, state, status, time.monotonic() - watch.start)
 
 
