@@ -46,3 +46,33 @@ def test_single_runs_a_commander_and_learner_hooks(tmp_path):
     assert seen["train_iterations"] == summary["train_iterations"] - seen["started_at"] \
         or seen["train_iterations"] >= seen["updates"]
     assert any("train/hook_batch_rows" in r for r in metric_records(run_dir))
+
+
+def test_single_keeps_the_batch_log(tmp_path):
+    """`logging.batch_log` under `rlfleet single`: the coordinator counts every sample it
+    hands the learner, and the learner's logged values reach `batch_log.jsonl`, as under
+    `rlfleet up` (tests/integration/test_batch_log.py)."""
+    from rlfleet.shared.telemetry.rundata import load_run
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "single", "--config",
+         str(REPO / "configs" / "cartpole-dqn.yaml"), "--run-dir", str(run_dir),
+         "stop.max_env_steps=6000", "eval.every_env_steps=3000",
+         "logging.batch_log.every_train_iterations=50",
+         "logging.batch_log.samples_per_update=32"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train_iterations"] > 100, summary
+
+    run = load_run(run_dir)
+    sampled = int(run.samples["times_sampled"].sum())
+    # every batch the learner trained on was counted; granted but not trained (the run
+    # ended between the two) at most one request's worth more
+    assert sampled % 64 == 0 and sampled >= summary["train_iterations"] * 64, sampled
+    assert sampled <= (summary["train_iterations"] + 64) * 64, sampled
+    logged = run.batch_log
+    assert len(logged) > 0 and {"td_error", "q"} <= set(logged.columns)
+    assert set(logged["train_iteration"] % 50) == {0}
+    assert logged.groupby("train_iteration").size().max() <= 32
