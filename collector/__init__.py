@@ -7,17 +7,14 @@ imports its service from here.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlfleet.shared.util.imports import lazy_exports
 
 if TYPE_CHECKING:
     from rlfleet.collector.service import CollectorService
 
 __all__ = ["CollectorService"]
 
-
-def __getattr__(name: str) -> Any:
-    """Imported on first use (a collector's start leaves torch for later)."""
-    if name != "CollectorService":
-        raise AttributeError(f"module 'rlfleet.collector' has no attribute {name!r}")
-    return vars(importlib.import_module("rlfleet.collector.service"))[name]
+# imported on first use: a collector's start leaves torch for later
+__getattr__ = lazy_exports(__name__, {"CollectorService": "rlfleet.collector.service"})

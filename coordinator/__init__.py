@@ -7,8 +7,9 @@ imports these names from here; the modules below are the coordinator's own.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlfleet.shared.util.imports import lazy_exports
 
 if TYPE_CHECKING:
     from rlfleet.coordinator.app import create_app
@@ -16,13 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Coordinator", "create_app"]
 
-_EXPORTS = {"Coordinator": "rlfleet.coordinator.service", "create_app": "rlfleet.coordinator.app"}
-
-
-def __getattr__(name: str) -> Any:
-    """Imported on first use: a process that imports one coordinator module pays for no
-    other."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlfleet.coordinator' has no attribute {name!r}")
-    return vars(importlib.import_module(module))[name]
+# imported on first use: a process that imports one coordinator module pays for no other
+__getattr__ = lazy_exports(__name__, {"Coordinator": "rlfleet.coordinator.service",
+                                      "create_app": "rlfleet.coordinator.app"})

@@ -8,17 +8,14 @@ service from here.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlfleet.shared.util.imports import lazy_exports
 
 if TYPE_CHECKING:
     from rlfleet.learner.service import LearnerService
 
 __all__ = ["LearnerService"]
 
-
-def __getattr__(name: str) -> Any:
-    """Imported on first use (it imports torch)."""
-    if name != "LearnerService":
-        raise AttributeError(f"module 'rlfleet.learner' has no attribute {name!r}")
-    return vars(importlib.import_module("rlfleet.learner.service"))[name]
+# imported on first use: it imports torch
+__getattr__ = lazy_exports(__name__, {"LearnerService": "rlfleet.learner.service"})

@@ -20,9 +20,24 @@ import importlib.util
 import sys
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module-level `__getattr__` (PEP 562) that imports each exported name from
+    its module (`exports`: name -> module) on first use, so that importing the package root
+    (a role's, which the single-process runner reaches its services through) pays for none
+    of them: a process that needs one module of a role loads no other."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return vars(importlib.import_module(module))[name]
+
+    return __getattr__
 
 
 class ImportPathError(ValueError):
