@@ -121,6 +121,8 @@ class CollectorService(WorkerService):
         cfg = self._config()
         if cfg is None:
             return
+        if cfg.env.backend == "sync":  # env workers of their own (processes, threads) are
+            self.turns.settle()        # free to run elsewhere
         task = self.inbox.collect
         assert task is not None
         # A short retry window: during an outage the adder holds chunks and the envs go on,

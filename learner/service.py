@@ -121,6 +121,8 @@ class LearnerService(WorkerService):
         assert self.task is not None
         torch.set_num_threads(cfg.learner.torch_threads)
         self.torch_threads = torch.get_num_threads()
+        if self.torch_threads == 1:  # torch's own workers would inherit the one CPU
+            self.turns.settle()
         seed = self.task.seed
         policy = self._build_policy(cfg, seed)
         self.placement = placement = place(policy, cfg.learner)  # learner.device, .precision

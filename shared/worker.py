@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -233,13 +235,29 @@ class Turns:
     process: run side by side, each gives up the interpreter at every torch call and waits to
     get it back, and both run slower than one after the other. A role holds a turn for one
     unit of its work (a chunk, a sample answer's updates) and never while it waits for the
-    other (a permit, data)."""
+    other (a permit, data).
+
+    The roles' threads also share one CPU (`settle`): their work is serial anyway, and on one
+    CPU each finds the caches the other left warm, where the scheduler would move them from
+    CPU to CPU at each hand-over (bench/RESULTS.md, "Roles that take turns share a CPU")."""
 
     def __init__(self, shared: bool = True) -> None:
         self.shared = shared
         self._cond = threading.Condition()
         self._queue: deque[object] = deque()
         self._held = False
+        self.cpu = shared_cpu() if shared else None  # None: where the scheduler likes
+
+    def settle(self) -> None:
+        """Run the calling thread (a role's loop, and the threads it starts) on the turns'
+        CPU from now on. A role calls it unless it starts workers of its own that should
+        spread (env processes, torch's intra-op threads)."""
+        if self.cpu is None:
+            return
+        try:
+            os.sched_setaffinity(0, {self.cpu})  # 0: the calling thread (Linux)
+        except OSError as err:  # a cpuset that changed since: the scheduler decides
+            log.debug("cannot run on CPU %d: %s", self.cpu, err)
 
     def __enter__(self) -> Turns:
         if not self.shared:
@@ -262,6 +280,16 @@ class Turns:
 
 
 ALONE = Turns(shared=False)  # a role alone in its process
+
+
+def shared_cpu() -> int | None:
+    """The CPU that roles taking turns share: the last this process may run on (the first
+    takes most interrupts); None where there is no choice to make (one CPU) or no way to
+    make it (no `sched_setaffinity`: macOS)."""
+    if sys.platform != "linux":
+        return None
+    allowed = os.sched_getaffinity(0)
+    return max(allowed) if len(allowed) > 1 else None
 
 
 class WorkerService(ABC):

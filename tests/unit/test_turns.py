@@ -1,0 +1,73 @@
+"""`Turns`: roles that share one process take turns at their heavy work, on one CPU."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from rlfleet.shared.worker import ALONE, Turns, shared_cpu
+
+MULTI_CPU = sys.platform == "linux" and len(os.sched_getaffinity(0)) > 1
+
+
+def in_thread(fn):
+    """What `fn()` returns on a thread of its own."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join(10)
+    return out[0]
+
+
+def test_one_role_at_a_time_in_the_order_they_came() -> None:
+    turns, order, inside = Turns(), [], []
+    first_in = threading.Event()
+
+    def role(name: str, hold_s: float) -> None:
+        with turns:
+            inside.append(name)
+            assert len(inside) == 1, "two roles held a turn at once"
+            order.append(name)
+            first_in.set()
+            time.sleep(hold_s)
+            inside.remove(name)
+
+    first = threading.Thread(target=role, args=("learner", 0.2))
+    first.start()
+    assert first_in.wait(10)
+    later = [threading.Thread(target=role, args=(f"collector-{i}", 0.01)) for i in range(3)]
+    for thread in later:
+        thread.start()
+        time.sleep(0.02)  # each queues behind the one before
+    for thread in (first, *later):
+        thread.join(10)
+    assert order == ["learner", "collector-0", "collector-1", "collector-2"]
+
+
+def test_a_role_alone_never_waits_and_stays_where_the_scheduler_puts_it() -> None:
+    before = os.sched_getaffinity(0) if sys.platform == "linux" else None
+    with ALONE, ALONE:  # not even for itself
+        pass
+    assert ALONE.cpu is None
+    assert in_thread(lambda: (ALONE.settle(), os.sched_getaffinity(0))[1]
+                     if before is not None else None) == before
+
+
+@pytest.mark.skipif(not MULTI_CPU, reason="needs Linux and more than one CPU to choose from")
+def test_settled_roles_share_one_cpu_and_leave_the_rest_of_the_process_alone() -> None:
+    turns = Turns()
+    allowed = os.sched_getaffinity(0)
+    assert turns.cpu == shared_cpu() == max(allowed)
+
+    def settled() -> tuple[set[int], set[int]]:
+        turns.settle()
+        # a thread the settled role starts (its publish or report thread) inherits the CPU
+        return os.sched_getaffinity(0), in_thread(lambda: os.sched_getaffinity(0))
+
+    assert in_thread(settled) == ({turns.cpu}, {turns.cpu})
+    assert in_thread(settled) == ({turns.cpu}, {turns.cpu})  # the second role: the same one
+    assert os.sched_getaffinity(0) == allowed  # the caller's (the runner's) threads: as before
