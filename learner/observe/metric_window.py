@@ -116,8 +116,10 @@ class MetricWindow:
         tensors: list[torch.Tensor] = []
         for value in values:
             if isinstance(value, torch.Tensor):
-                if value.numel() == 1:
-                    tensors.append(value.detach().reshape(()))
+                if value.dim() == 0:
+                    tensors.append(value)
+                elif value.numel() == 1:
+                    tensors.append(value.reshape(()))
                 else:
                     self._keep_array(key, value.detach().float().cpu().numpy())
             elif isinstance(value, (int, float, np.integer, np.floating)):
@@ -131,7 +133,7 @@ class MetricWindow:
             else:
                 self._warn(key, f"is not numeric ({type(value).__name__}): left out of reports")
         if tensors:  # one transfer for the interval's values, whatever their device
-            scalars.extend(torch.stack([t.float() for t in tensors]).cpu().tolist())
+            scalars.extend(_stacked(tensors).detach().float().cpu().tolist())
         if not scalars:
             return
         array = np.asarray(scalars, dtype=np.float64)
@@ -160,3 +162,12 @@ class MetricWindow:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("metric %r %s (warned once per key)", key, why)
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor of a key's 0-d values: one stack where they agree on dtype and device (a
+    cast per value would cost a torch call per update), each cast first where they do not."""
+    first = tensors[0]
+    if all(t.dtype == first.dtype and t.device == first.device for t in tensors):
+        return torch.stack(tensors)
+    return torch.stack([t.detach().float().to(first.device) for t in tensors])

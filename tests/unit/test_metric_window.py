@@ -38,6 +38,17 @@ def test_the_window_reports_the_interval_mean_min_max_and_count():
     assert w.take().stats == {}  # each update goes out once
 
 
+def test_a_key_may_mix_dtypes_shapes_and_gradients():
+    """One stack per key where the values agree; a cast per value where they do not."""
+    w = MetricWindow()
+    w.add({"loss": torch.tensor(1.0, dtype=torch.float64), "g": torch.tensor(1.0)})
+    w.add({"loss": torch.tensor([2.0]), "g": torch.tensor(3.0, requires_grad=True) * 1})
+    w.add({"loss": torch.tensor(6.0, dtype=torch.bfloat16), "g": torch.tensor(5.0)})
+    stats = w.take().stats
+    assert stats["loss"].mean == pytest.approx(3.0) and stats["loss"].count == 3
+    assert (stats["g"].mean, stats["g"].min, stats["g"].max) == (3.0, 1.0, 5.0)
+
+
 def test_values_are_folded_as_they_come_and_still_averaged_exactly():
     w = MetricWindow()
     n = FOLD_AT * 2 + 7
