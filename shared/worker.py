@@ -27,6 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, current_app, jsonify
@@ -283,13 +284,21 @@ ALONE = Turns(shared=False)  # a role alone in its process
 
 
 def shared_cpu() -> int | None:
-    """The CPU that roles taking turns share: the last this process may run on (the first
-    takes most interrupts); None where there is no choice to make (one CPU) or no way to
-    make it (no `sched_setaffinity`: macOS)."""
+    """The CPU that roles taking turns share: the one this thread runs on now, where the
+    kernel's balancing put it, so that several single-process runs on one machine (a
+    sweep, a test suite's workers) spread over its CPUs rather than all take the same one;
+    None where there is no choice to make (one CPU) or no way to make it (not Linux)."""
     if sys.platform != "linux":
         return None
     allowed = os.sched_getaffinity(0)
-    return max(allowed) if len(allowed) > 1 else None
+    if len(allowed) < 2:
+        return None
+    try:  # field 39 of a task's stat: the CPU it last ran on (after the name, field 2)
+        fields = Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()
+        now = int(fields[36])
+    except (OSError, IndexError, ValueError):
+        return min(allowed)
+    return now if now in allowed else min(allowed)
 
 
 class WorkerService(ABC):
