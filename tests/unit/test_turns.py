@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 
 import pytest
 
 from rlfleet.shared.worker import ALONE, Turns, shared_cpu
+
+from .helpers import wait_for
 
 MULTI_CPU = sys.platform == "linux" and len(os.sched_getaffinity(0)) > 1
 
@@ -19,32 +20,34 @@ def in_thread(fn):
     out: list = []
     thread = threading.Thread(target=lambda: out.append(fn()))
     thread.start()
-    thread.join(10)
+    thread.join(30)
     return out[0]
 
 
 def test_one_role_at_a_time_in_the_order_they_came() -> None:
     turns, order, inside = Turns(), [], []
-    first_in = threading.Event()
+    first_in, release = threading.Event(), threading.Event()
 
-    def role(name: str, hold_s: float) -> None:
+    def role(name: str, hold: threading.Event | None) -> None:
         with turns:
             inside.append(name)
             assert len(inside) == 1, "two roles held a turn at once"
             order.append(name)
             first_in.set()
-            time.sleep(hold_s)
+            if hold is not None:
+                assert hold.wait(30)
             inside.remove(name)
 
-    first = threading.Thread(target=role, args=("learner", 0.2))
+    first = threading.Thread(target=role, args=("learner", release))
     first.start()
-    assert first_in.wait(10)
-    later = [threading.Thread(target=role, args=(f"collector-{i}", 0.01)) for i in range(3)]
-    for thread in later:
-        thread.start()
-        time.sleep(0.02)  # each queues behind the one before
+    assert first_in.wait(30)
+    later = [threading.Thread(target=role, args=(f"collector-{i}", None)) for i in range(3)]
+    for i, thread in enumerate(later):
+        thread.start()  # each queues behind the one before
+        wait_for(lambda n=i + 1: len(turns._queue) == n, timeout_s=30, what=f"{i + 1} queued")
+    release.set()
     for thread in (first, *later):
-        thread.join(10)
+        thread.join(30)
     assert order == ["learner", "collector-0", "collector-1", "collector-2"]
 
 
