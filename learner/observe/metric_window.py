@@ -170,4 +170,4 @@ def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
     if all(t.dtype == first.dtype and t.device == first.device for t in tensors):
         return torch.stack(tensors)
-    return torch.stack([t.detach().float().to(first.device) for t in tensors])
+    return torch.stack([t.float().to(first.device) for t in tensors])
