@@ -139,7 +139,10 @@ def test_a_killed_learner_leaves_the_group_which_reforms_and_the_run_solves(tmp_
         wait_for(lambda: run.status()["counters"]["policy_version"] > version + 2, 60,
                  "new policy versions from the new publisher")
         summary = finish(run, monitor, versions, "learner killed", changed_at)
-        assert summary["restarts"] == {publisher: 1}
+        # the killed learner, once; a collector restarted on a loaded machine (a lapsed
+        # heartbeat) is the supervisor doing its job, not what this test is about
+        learners = {w: n for w, n in summary["restarts"].items() if w.startswith("learner")}
+        assert learners == {publisher: 1}, summary["restarts"]
         reasons = summary["learner_group"]["reformations_by_reason"]
         assert set(reasons) & {"died", "unresponsive", "collective failed",
                                "registered again"}, reasons
