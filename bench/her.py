@@ -2,7 +2,8 @@
 same env steps (the HER paper's first experiment, section 3.1 / figure 1).
 
 Both run `configs/bitflip-her.yaml` in the single-process runner (`rlfleet.single_process`: the
-cluster's rollout, buffers, batching, transforms and DQN wired by function calls;
+cluster's own coordinator, collector and learner as threads of one process, talking through
+an in-process transport and directory storage;
 `tests/integration/test_her.py` runs HER through `rlfleet up`), with `n_bits` bits, for
 `--env-steps` env steps; without HER only `algo.her` is null. Every `--eval-every` env steps
 100 greedy episodes are played: success is the share that reach their goal (the env's

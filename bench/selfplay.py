@@ -5,7 +5,8 @@ For each game (tic-tac-toe, Connect Four), its training config (`configs/<game>-
 learn) runs three ways, in turn:
 - *in one process* (the ceiling): `rlfleet.single_process.run_single` plays the same
   games with the same battle rollout, league (PFSP draws, snapshots) and learner at the same
-  replay ratio, wired by function calls: no HTTP, no storage, one core;
+  replay ratio: the cluster's own roles as threads of one process (an in-process
+  transport, directory storage), taking turns on one core;
 - *through the cluster*: `rlfleet up` with one collector (`--collectors N`) and the learner;
   its games are the coordinator's episode count in the run's `info` records, timed by their
   wall clock over the steady part of the run;

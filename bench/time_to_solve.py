@@ -2,8 +2,9 @@
 
 For each seed, the whole cluster runs as local processes (`rlfleet up`, a subprocess) until
 the coordinator's evaluation reaches the config's stop value (475), then the single-process
-runner (`rlfleet.single_process.run_single`: the same rollout, buffers, batching and policy code
-wired by function calls, no HTTP and no storage) trains the same config with the same seed in this
+runner (`rlfleet.single_process.run_single`: the cluster's own coordinator, collector and
+learner as threads of this process, talking through an in-process transport and directory
+storage, taking turns on one core) trains the same config with the same seed in this
 process, stepping as many envs as the cluster's collectors together (`env.num_envs` x
 collectors; see `single_config`). Their ratio is the cost of distribution on this machine,
 measured in the same run.
