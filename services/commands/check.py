@@ -11,7 +11,7 @@ from rlfleet.shared.run.config import load_config
 def cmd_check(args: argparse.Namespace) -> int:
     """Build what a config names (its env and its policy, torch and the user's code
     included): `rlfleet up` runs this in a child when a config names code by import path, so
-    the launcher itself never imports torch."""
+    the launcher itself never runs that code, nor a torch operation."""
     from rlfleet.shared.run.check import check_runnable, describe_policy_class
 
     cfg = load_config(args.config, args.overrides)

@@ -11,13 +11,19 @@ paid once, and the children share those pages copy-on-write (`gc.freeze` keeps t
 from touching them).
 
 Forking is only safe while the launcher has no other thread (a lock held by a thread that
-does not exist in the child stays held for ever), and the launcher never imports torch (whose
+does not exist in the child stays held for ever) and has never run a torch operation (whose
 thread pools do not survive a fork): `can_fork` says so, and otherwise the caller starts
-the child with exec. So the first children of `rlfleet up` are forked; restarts and
-scaling, which happen while the progress display's thread runs, exec. Both run the same
-command: an exec'd child through `rlfleet.cli.main`, a forked one through `rlfleet.roles.main`,
-which has the same parsers for the roles and ends the same way (`services/command.py`), and
-which needs neither the rest of the CLI nor the launcher. In `ps` a forked child is titled
+the child with exec. torch itself is imported here, once, before the first learner or
+collector is forked (after the coordinator, which never needs it): importing it starts no
+thread and runs no operation, and it is the largest import of all (about 1.8 CPU-seconds
+on a small machine), which every learner and collector would otherwise pay again, all at
+once and beside each other on the same cores.
+
+So the first children of `rlfleet up` are forked; restarts and scaling, which happen while
+the progress display's thread runs, exec. Both run the same command: an exec'd child
+through `rlfleet.cli.main`, a forked one through `rlfleet.roles.main`, which has the same
+parsers for the roles and ends the same way (`services/command.py`), and which needs
+neither the rest of the CLI nor the launcher. In `ps` a forked child is titled
 `rlfleet <role> ...` (setproctitle), an exec'd one `python -m rlfleet <role> ...`.
 """
 
@@ -42,8 +48,8 @@ from pathlib import Path
 
 from rlfleet import roles
 
-# What each role imports before it serves. torch is not here: a learner and a collector load
-# it themselves, on a nicer thread, after the fork.
+# What each role imports before it serves. A learner and a collector need torch too: it is
+# imported here only as a module (`preload_torch`), never used.
 PRELOAD: dict[str, tuple[str, ...]] = {
     "coordinator": ("rlfleet.coordinator.app", "rlfleet.serve", "rlfleet.http_errors",
                     "cheroot.wsgi"),
@@ -51,6 +57,12 @@ PRELOAD: dict[str, tuple[str, ...]] = {
                   "rlfleet.http_errors", "cheroot.wsgi"),
     "learner": ("rlfleet.shared.worker", "rlfleet.serve", "rlfleet.http_errors", "cheroot.wsgi"),
 }
+TORCH_ROLES = ("collector", "learner")
+
+# Whether torch is in this process only because `preload_torch` imported it: then no torch
+# operation has run here (the launcher never runs one), so no thread pool exists to be lost
+# in a fork. torch imported any other way (a user's env module, say) may have run one.
+_torch_preloaded = False
 
 
 def role_in(cmdline: list[str]) -> str | None:
@@ -66,11 +78,13 @@ def role_in(cmdline: list[str]) -> str | None:
 
 def can_fork() -> bool:
     """Whether a fork of this process gives a sound child: Linux, no thread but this one, and
-    no torch loaded. Only Linux: on macOS a fork after numpy or any system framework has
-    loaded may crash or hang the child (Apple's libraries are not fork-safe, and Python's
-    multiprocessing spawns there for that reason), so children are exec'd there."""
+    no torch but the one `preload_torch` imported (unused). Only Linux: on macOS a fork
+    after numpy or any system framework has loaded may crash or hang the child (Apple's
+    libraries are not fork-safe, and Python's multiprocessing spawns there for that
+    reason), so children are exec'd there."""
     return (sys.platform == "linux" and hasattr(os, "fork")
-            and threading.active_count() == 1 and "torch" not in sys.modules)
+            and threading.active_count() == 1
+            and ("torch" not in sys.modules or _torch_preloaded))
 
 
 def preload(role: str) -> None:
@@ -82,6 +96,23 @@ def preload(role: str) -> None:
             importlib.import_module(module)
         except Exception:  # the child imports it again and says why it fails
             return
+    if role in TORCH_ROLES:
+        preload_torch()
+
+
+def preload_torch() -> None:
+    """Import torch for the children to come, where that leaves forking sound: nothing has
+    imported it yet (so nothing has run an operation). A failed import is left to the
+    children, exec'd from then on (what it left in `sys.modules` is not `_torch_preloaded`),
+    which say why in their logs."""
+    global _torch_preloaded
+    if "torch" in sys.modules or not can_fork():
+        return
+    try:
+        importlib.import_module("torch")
+    except Exception:
+        return
+    _torch_preloaded = True
 
 
 class ForkedChild:

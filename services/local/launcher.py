@@ -12,8 +12,10 @@ free loopback port. `up` wires the pieces, each in a module of its own:
 - `watch.py` and `progress.py`: the run's status read until it ends, and shown;
 - `summary.py` and `startup.py`: what the run leaves behind (`summary.json`).
 
-The launcher never imports torch (`precheck.py`) and starts no thread before its first
-children are forked: forks of a process with either are unsound.
+The launcher never runs a torch operation (`precheck.py` builds plug-ins in a child) and
+starts no thread before its first children are forked: forks of a process with either are
+unsound. It imports torch, unused, before it forks the first learner or collector, so that
+they share one import (`forking.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""How `rlfleet up` starts and what its processes hold: one process per role, torch only where
-something acts or learns (never in the launcher or the coordinator), and the first chunk
-placed on the launcher's clock in summary.json (`first_chunk_s_from_launch`, `startup_s`)."""
+"""How `rlfleet up` starts and what its processes hold: one process per role, never torch in
+the coordinator, one torch import for the learner and the collectors (the launcher's, which
+they are forked after), and the first chunk placed on the launcher's clock in summary.json
+(`first_chunk_s_from_launch`, `startup_s`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from .helpers import proc_ppid, role_of, small_config, wait_for
+from .helpers import proc_cmdline, proc_ppid, role_of, small_config, wait_for
 
 MAX_ENV_STEPS = 6_000
 
@@ -20,7 +21,8 @@ def maps_torch(pid: int) -> bool:
         return False
 
 
-def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp_path: Path):
+def test_one_process_per_role_and_one_torch_import_where_it_acts_or_learns(launch,
+                                                                             tmp_path: Path):
     config = small_config(tmp_path / "small.yaml",
                           stop={"max_env_steps": MAX_ENV_STEPS, "max_wall_s": 150})
     run_dir = tmp_path / "run"
@@ -53,9 +55,14 @@ def test_one_process_per_role_and_torch_only_where_it_acts_or_learns(launch, tmp
             assert os.getsid(pid) == os.getsid(up.proc.pid), f"{role} {pid}: own session"
             assert os.getpgid(pid) == pid, f"{role} {pid} shares a process group"
     [coordinator] = by_role["coordinator"]
-    assert not maps_torch(up.proc.pid), "the launcher imported torch"
     assert not maps_torch(coordinator), "the coordinator imported torch"
-    assert all(maps_torch(p) for p in by_role["learner"])
+    # The launcher imported torch once, after forking the coordinator, and forked the
+    # learner and the collectors from it: they begin with it loaded (a forked child is titled
+    # `rlfleet <role>`, an exec'd one `python -m rlfleet <role>`).
+    assert maps_torch(up.proc.pid), "the launcher left torch to each worker"
+    for pid in by_role["learner"] + by_role["collector"]:
+        assert proc_cmdline(pid).startswith("rlfleet "), f"{pid} was not forked"
+        assert maps_torch(pid)
 
     code = up.wait(timeout=180)
     assert code in (0, 3), f"exit code {code}:\n{up.stderr[-3000:]}"

@@ -118,3 +118,61 @@ def test_only_linux_forks(monkeypatch) -> None:
 
     monkeypatch.setattr(forking.sys, "platform", "darwin")
     assert not forking.can_fork()
+
+
+TORCH_DRIVER = r'''
+import json, os, sys
+from pathlib import Path
+
+from rlfleet.local import forking
+
+tmp = Path(sys.argv[1])
+out = {"before": "torch" in sys.modules}
+forking.preload("coordinator")
+out["coordinator_brings_torch"] = "torch" in sys.modules
+forking.preload("collector")
+out["collector_brings_torch"] = "torch" in sys.modules
+out["can_fork"] = forking.can_fork()
+
+
+def ops(argv):
+    """What a forked learner does first: torch operations on several intra-op threads."""
+    import torch
+
+    torch.set_num_threads(2)
+    x = torch.randn(256, 256)
+    print(float((x @ x).sum()) == float((x @ x).sum()), torch.get_num_threads(), flush=True)
+    return 0
+
+
+child = forking.fork_role(["learner"], tmp / "child.log", dict(os.environ), lambda: None, ops)
+out["child"] = child.wait(120)
+out["child_said"] = (tmp / "child.log").read_text().strip()
+print(json.dumps(out), flush=True)
+'''
+
+
+def test_learners_and_collectors_share_the_launchers_one_torch_import(tmp_path: Path) -> None:
+    """torch is imported once, before the first learner or collector is forked (the
+    coordinator never needs it), and a forked child runs torch operations on threads of its
+    own: the launcher only imported it."""
+    done = subprocess.run([sys.executable, "-c", TORCH_DRIVER, str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out == {"before": False, "coordinator_brings_torch": False,
+                   "collector_brings_torch": True, "can_fork": True, "child": 0,
+                   "child_said": "True 2"}
+
+
+def test_torch_imported_other_than_by_the_preload_is_never_forked() -> None:
+    """torch imported by anything else (a user's env module, say) may have run operations,
+    whose thread pools a fork would lose: the launcher execs its children then."""
+    code = ("import torch\n"
+            "from rlfleet.local import forking\n"
+            "forking.preload('learner')\n"
+            "print(forking.can_fork())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
