@@ -114,6 +114,9 @@ class RunLog:
         self._train_min_max = bool(train_scope and train_scope.min_max)
         self._train_written_at: int | None = None  # train iteration of the last train record
         self._force: set[str] = set()
+        # The record each windowed scope would write now, with its step, while its interval
+        # holds it back: `close` writes them, so a run's last stretch is in its curves.
+        self._pending: dict[str, tuple[int, dict[str, Any]]] = {}
         # A run that collects nothing (offline: dataset buffers only) counts no env steps;
         # its records are stepped by train iterations instead, which do advance.
         self.offline = not cfg.receiving_buffers
@@ -188,6 +191,9 @@ class RunLog:
             if self._log("collect", env_steps, scalars):
                 self._returns, self._lengths, self._components = [], [], []
                 self._lags = []
+                self._pending.pop("collect", None)
+            else:
+                self._pending["collect"] = (env_steps, scalars)
 
     def on_learn_info(self, req: LearnInfo, env_steps: int, iterations_per_s: float,
                       nonfinite_total: int = 0) -> None:
@@ -206,15 +212,18 @@ class RunLog:
             # arrive later than the train iteration they evaluated.
             scalars.update({f"eval/dataset/{k}": v for k, v in req.dataset_eval.items()})
             force = bool(req.dataset_eval)
+            held = False
             if self._train_every:  # logging.scopes.train.every_train_iterations
                 last = self._train_written_at
                 due = last is None or self._iterations - last >= self._train_every
-                if not (due or force):
-                    scalars = {}
+                held = not (due or force)
                 force = True
-            if scalars and self._log("train", env_steps, scalars, force=force):
+            if not held and self._log("train", env_steps, scalars, force=force):
                 self._train.clear()
                 self._train_written_at = self._iterations
+                self._pending.pop("train", None)
+            else:
+                self._pending["train"] = (env_steps, scalars)
             if self._log("update", env_steps, self._timers.means()):
                 self._timers.clear()
         if req.histograms and self.logger is not None:  # logging.histograms
@@ -248,7 +257,13 @@ class RunLog:
             self._log("info", env_steps, scalars)
 
     def close(self) -> None:
+        """Write what the intervals held back (the train window since its last record, the
+        episodes since the last collect record), then close the logger: a run that stops
+        between two records still shows how it ended."""
         with self._lock:
+            for scope, (step, scalars) in self._pending.items():
+                self._log(scope, step, scalars, force=True)
+            self._pending.clear()
             if self.logger is not None:
                 try:
                     self.logger.close()

@@ -20,6 +20,7 @@ from rlfleet.learner.observe.metric_window import FOLD_AT, MAX_ARRAY_ELEMENTS, M
 from rlfleet.learner.observe.shortage import DataShortage
 from rlfleet.shared.contract.config import ConfigError
 from rlfleet.shared.contract.wire.base import Role
+from rlfleet.shared.contract.wire.experience import ChunkMeta
 from rlfleet.shared.contract.wire.sampling import LearnInfo
 from rlfleet.shared.run.config import parse_config
 from rlfleet.shared.telemetry.rundata import JSONL_NAME, read_records
@@ -147,6 +148,37 @@ def test_train_records_every_n_train_iterations(tmp_path):
     assert its == [0.0, 120.0, 240.0, 360.0, 480.0]
     # the record at 120 is the mean of 40, 80 and 120
     assert train_records(tmp_path)[1]["train/loss"] == pytest.approx(80.0)
+
+
+def test_closing_writes_what_the_intervals_held_back(tmp_path):
+    """A run that stops between two records still shows its last stretch: the train window
+    and the episodes since the last record are written when the run log closes."""
+    cfg = parse_config(make_config(logging={"tensorboard": False, "scopes": {
+        "train": {"every_env_steps": 1000}, "collect": {"every_env_steps": 1000}}}))
+    log = RunLog(cfg, tmp_path)
+    log.on_learn_info(info(1, metrics={"alpha": 1.0}), 1600, 5.0)
+    log.on_learn_info(info(300, metrics={"alpha": 0.5}, metric_counts={"alpha": 299}),
+                      2000, 5.0)
+    log.on_learn_info(info(600, metrics={"alpha": 0.25}, metric_counts={"alpha": 300}),
+                      2240, 5.0)
+
+    def chunk(ret: float) -> ChunkMeta:
+        return ChunkMeta(chunk_id="c" * 8, length=64, policy_version=0, segments=[(0, 64)],
+                         episode_returns=[ret], episode_lengths=[200])
+
+    log.on_chunks([chunk(-900.0)], 1664, 100.0)
+    log.on_chunks([chunk(-300.0)], 2176, 100.0)
+    log.on_chunks([chunk(-100.0)], 2240, 100.0)
+    log.close()
+    first, last = train_records(tmp_path)
+    assert (first["step"], first["train/alpha"]) == (1600, 1.0)
+    assert last["step"] == 2240 and last["train/train_iterations"] == 600.0
+    assert last["train/alpha"] == pytest.approx((0.5 * 299 + 0.25 * 300) / 599)
+    collect = [r for r in read_records(tmp_path / JSONL_NAME) if r["scope"] == "collect"]
+    assert [(r["step"], r["collect/return_mean"]) for r in collect] == \
+        [(1664, -900.0), (2240, -200.0)]
+    log.close()  # twice is harmless: nothing is pending, the logger is closed
+    assert len(train_records(tmp_path)) == 2
 
 
 def test_only_the_train_scope_takes_train_iterations_or_min_max():
