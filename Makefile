@@ -56,15 +56,20 @@ up: $(STAMP)
 
 # The unit suite on two workers (pytest-xdist): its tests are independent and mostly wait on
 # their coordinators, so two at a time take about 60% of the time one at a time does. The
-# other suites run one test at a time: each is a whole cluster, measured against its budget.
+# other suites on two workers too, a module to a worker, the longest modules first
+# (tests/conftest.py): a cluster test keeps about one core busy. Then the tests marked
+# `alone`, one at a time: each holds a wall-clock budget or a heartbeat a second test could
+# starve.
 SUITES = tests/integration tests/chaos tests/netns tests/compose tests/slurm
+PARALLEL = -n 2 --dist loadscope --no-loadscope-reorder
 
 test: $(GAMES)
 	@bash .ci/ensure-redis
 	@bash .ci/ensure-chromium
 	@bash .ci/ensure-slurm
 	$(PY) -m pytest -q -rs --durations=10 -n 2 tests/unit
-	$(PY) -m pytest -q -rs --durations=15 $(SUITES)
+	$(PY) -m pytest -q -rs --durations=15 $(PARALLEL) -m 'not slow and not alone' $(SUITES)
+	$(PY) -m pytest -q -rs --durations=5 -m 'alone and not slow' $(SUITES)
 
 test-all: $(GAMES)
 	@bash .ci/ensure-redis

@@ -1,4 +1,5 @@
-"""What every suite shares: the slow suites report each test as it ends.
+"""What every suite shares: the slow suites report each test as it ends, and their longest
+modules start first.
 
 `make test` runs quietly (a dot a test), which for the unit tests is right. The integration,
 chaos, netns and compose tests take seconds to minutes each: for them a line per test (its
@@ -7,6 +8,8 @@ every few minutes.
 """
 
 from __future__ import annotations
+
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -47,3 +50,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _reporter():
     return _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+
+
+# `make test` runs the slow suites on two workers, a module to a worker
+# (`--dist loadscope --no-loadscope-reorder`), handing out modules in collection order. These
+# take minutes each, so they go first, the longest first, and the two workers end together
+# instead of one running the soak alone at the end. The compose suite comes after the others
+# that need the machine: CI builds its image in the background until then.
+LONG_MODULES = (
+    "tests/integration/test_soak.py",
+    "tests/integration/test_benches.py",
+    "tests/slurm/test_slurm.py",
+    "tests/netns/test_hosts_apart.py",
+    "tests/compose/test_compose.py",
+    "tests/integration/test_apex.py",
+    "tests/integration/test_offline.py",
+    "tests/integration/test_r2d2.py",
+    "tests/chaos/test_chaos.py",
+    "tests/chaos/test_learner_group.py",
+    "tests/integration/test_python_api.py",
+    "tests/integration/test_atari.py",
+    "tests/slurm/test_slurm_bench.py",
+    "tests/compose/test_compose_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long modules first, in `LONG_MODULES`' order; every other test keeps its place
+    after them, and each module its own order."""
+    rank = {module: i for i, module in enumerate(LONG_MODULES)}
+
+    def key(item: pytest.Item) -> int:
+        module = PurePosixPath(item.nodeid.split("::", 1)[0]).as_posix()
+        return rank.get(module, len(LONG_MODULES))
+
+    items.sort(key=key)  # stable: the rest keep collection order

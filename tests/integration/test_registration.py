@@ -15,12 +15,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import requests
 
 from rlfleet.shared.contract.wire.base import API
 from rlfleet.shared.infra.storage import DirectoryStorage
 
 from .helpers import Processes, Service, free_port, small_config, wait_for
+
+# Heartbeats every 0.2 s against a 5-s timeout: on a machine shared with another test a
+# worker may be dropped that should not be. `make test` runs these on their own.
+pytestmark = pytest.mark.alone
 
 
 def _config(tmp: Path) -> Path:

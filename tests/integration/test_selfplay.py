@@ -14,6 +14,9 @@ import pytest
 import yaml
 
 pytest.importorskip("pettingzoo", reason="the games extra: pip install -e '.[games]'")
+# The league learns within a wall-clock budget: on a machine shared with another test it
+# plays too few games to beat the random player. `make test` runs it on its own.
+pytestmark = pytest.mark.alone
 
 from rlfleet.shared.contract.codec import decode_arrays  # noqa: E402
 from rlfleet.shared.infra.storage import DirectoryStorage, snapshot_blob  # noqa: E402

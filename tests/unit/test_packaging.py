@@ -103,4 +103,7 @@ def test_make_test_runs_every_suite_pytest_knows():
     suites = re.search(r"^SUITES = (.+)$", makefile, re.M)
     assert suites is not None
     assert ["tests/unit", *suites.group(1).split()] == paths
-    assert "-n 2 tests/unit" in makefile and "$(SUITES)" in makefile
+    assert "-n 2 tests/unit" in makefile
+    # the suites on two workers, then the tests that must run alone: between them, every test
+    assert "-m 'not slow and not alone' $(SUITES)" in makefile
+    assert "-m 'alone and not slow' $(SUITES)" in makefile
