@@ -72,6 +72,18 @@ LONG_MODULES = (
     "tests/integration/test_atari.py",
     "tests/slurm/test_slurm_bench.py",
     "tests/compose/test_compose_bench.py",
+    # a minute or so each: after the longest, before the many short ones that fill the gaps
+    "tests/integration/test_wheel.py",
+    "tests/integration/test_resume.py",
+    "tests/integration/test_run_health.py",
+    "tests/integration/test_crash.py",
+    "tests/integration/test_scale.py",
+    "tests/integration/test_mujoco.py",
+    "tests/integration/test_checkpoint_tools.py",
+    "tests/integration/test_algorithms.py",
+    "tests/integration/test_her.py",
+    "tests/integration/test_learner_group.py",
+    "tests/integration/test_notebook.py",
 )
 
 
