@@ -9,8 +9,6 @@ every few minutes.
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
 import pytest
 
 SLOW_SUITES = ("tests/integration/", "tests/chaos/", "tests/netns/", "tests/compose/",
@@ -93,7 +91,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {module: i for i, module in enumerate(LONG_MODULES)}
 
     def key(item: pytest.Item) -> int:
-        module = PurePosixPath(item.nodeid.split("::", 1)[0]).as_posix()
-        return rank.get(module, len(LONG_MODULES))
+        return rank.get(item.nodeid.split("::", 1)[0], len(LONG_MODULES))
 
     items.sort(key=key)  # stable: the rest keep collection order
